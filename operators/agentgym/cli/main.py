@@ -1,2 +1,253 @@
+"""`agentgym`: the platform's command line."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
-app = typer.Typer()
+from rich.console import Console
+
+app = typer.Typer(help="AgentGym-RL Platform: multi-turn online RL for LLM agents.", no_args_is_help=True)
+env_app = typer.Typer(help="Environment services: serve, inspect, play.", no_args_is_help=True)
+spec_app = typer.Typer(help="TrainingRun specs: validate, generate the CRD.", no_args_is_help=True)
+app.add_typer(env_app, name="env")
+app.add_typer(spec_app, name="spec")
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    err_console.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+def _parse_settings(pairs: list[str]) -> dict[str, Any]:
+    """KEY=VALUE pairs; VALUE parsed as JSON when it parses (numbers, booleans), else a string."""
+    settings: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise _fail(f"--set expects KEY=VALUE, got {pair!r}")
+        try:
+            settings[key] = json.loads(value)
+        except json.JSONDecodeError:
+            settings[key] = value
+    return settings
+
+
+@app.command()
+def version() -> None:
+    """Print the platform version."""
+    from importlib.metadata import version as dist_version
+
+    console.print(dist_version("agentgym-platform"))
+
+
+@env_app.command("list")
+def env_list() -> None:
+    """Environment kinds this installation knows."""
+    from agentgym.envs import ENVIRONMENT_CLASSES
+
+    for name in sorted(ENVIRONMENT_CLASSES):
+        console.print(name)
+
+
+@env_app.command("serve")
+def env_serve(
+    name: Annotated[str, typer.Argument(help="Environment kind, e.g. babyai")],
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    grpc_port: Annotated[int, typer.Option(help="gRPC port; 0 disables gRPC")] = 50051,
+    max_episodes: Annotated[int, typer.Option(min=1, help="Live-episode cap (429 past it)")] = 256,
+    idle_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds before an idle episode is reaped")] = 600.0,
+    step_timeout: Annotated[float, typer.Option(min=0.01, help="Seconds one step may take")] = 30.0,
+    settings: Annotated[list[str] | None, typer.Option("--set", help="Environment setting KEY=VALUE")] = None,
+    log_level: str = "info",
+) -> None:
+    """Serve one environment kind over HTTP (docs at /docs) and gRPC."""
+    from agentgym.envs import ENVIRONMENT_CLASSES
+    from agentgym.envs.server.manager import ManagerConfig
+    from agentgym.envs.server.runner import run
+
+    if name not in ENVIRONMENT_CLASSES:
+        raise _fail(f"unknown environment {name!r}; known: {', '.join(sorted(ENVIRONMENT_CLASSES))}")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = ManagerConfig(max_episodes=max_episodes, idle_timeout_s=idle_timeout, step_timeout_s=step_timeout)
+    err_console.print(
+        f"serving [bold]{name}[/] on http://{host}:{port} (docs: /docs)"
+        + (f", gRPC {host}:{grpc_port}" if grpc_port else "")
+    )
+    run(
+        name,
+        host=host,
+        port=port,
+        grpc_port=grpc_port or None,
+        config=config,
+        env_config=_parse_settings(settings or []),
+        log_level=log_level.lower(),
+    )
+
+
+@env_app.command("tasks")
+def env_tasks(
+    name: str,
+    split: Annotated[str | None, typer.Option(help="List this split's task ids")] = None,
+    limit: int = 20,
+) -> None:
+    """Splits of an environment kind, or the first task ids of a split."""
+    from agentgym.envs import UnknownTaskError, environment_class
+
+    try:
+        catalog = environment_class(name).catalog()
+        if split is None:
+            for split_name, count in catalog.splits().items():
+                console.print(f"{split_name}\t{count}")
+        else:
+            for task_id in catalog.task_ids(split, limit=limit):
+                console.print(task_id)
+    except (ValueError, UnknownTaskError) as error:
+        raise _fail(str(error)) from None
+
+
+@contextlib.contextmanager
+def _local_service(name: str) -> Iterator[str]:
+    """Start `agentgym env serve NAME` as a child process on a free port; yield its URL."""
+    from agentgym.envs.client import EnvClient
+    from agentgym.messaging import free_port
+
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentgym.cli",
+        "env",
+        "serve",
+        name,
+        "--port",
+        str(port),
+        "--grpc-port",
+        "0",
+        "--log-level",
+        "warning",
+    ]
+    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        with EnvClient(url, timeout=2) as client:
+            while True:
+                if process.poll() is not None:
+                    err = process.stderr.read().decode() if process.stderr else ""
+                    raise _fail(f"the {name} service exited: {err.strip()[-2000:]}")
+                try:
+                    client.health()
+                    break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise _fail(f"the {name} service did not become healthy in 60 s") from None
+                    time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        if process.stderr:
+            process.stderr.close()
+
+
+@env_app.command("play")
+def env_play(
+    name: Annotated[str, typer.Argument(help="Environment kind, e.g. babyai")],
+    task_id: Annotated[str | None, typer.Option(help="Task id (default: the first of --split)")] = None,
+    split: str = "test",
+    index: int = 0,
+    url: Annotated[str | None, typer.Option(help="A running service; default: start one locally")] = None,
+) -> None:
+    """Serve an environment and play a scripted (expert) episode through its HTTP API."""
+    from agentgym.envs import environment_class, make_expert
+    from agentgym.envs.client import EnvClient
+
+    try:
+        catalog = environment_class(name).catalog()
+        chosen = task_id or catalog.task_id(split, index)
+        actions = make_expert(name).demonstrate(chosen)
+    except Exception as error:
+        raise _fail(str(error)) from None
+
+    with contextlib.ExitStack() as stack:
+        base_url = url or stack.enter_context(_local_service(name))
+        console.rule(f"[bold]{name}[/] task {chosen}  ({base_url})")
+        with EnvClient(base_url) as client:
+            opened = client.create(task_id=chosen)
+            console.print(opened.observation)
+            result = None
+            for turn, action in enumerate(actions, start=1):
+                console.rule(f"turn {turn}")
+                console.print(f"[bold cyan]> {action}[/]")
+                result = client.step(opened.episode_id, action)
+                console.print(result.observation)
+                if result.done or result.truncated:
+                    break
+            client.close(opened.episode_id)
+        success = bool(result and result.info.get("success"))
+        score = result.score if result else 0.0
+        console.rule(
+            f"[bold {'green' if success else 'red'}]success={success} score={score:.3f} turns={len(actions)}[/]"
+        )
+        if not success:
+            raise typer.Exit(1)
+
+
+@spec_app.command("validate")
+def spec_validate(files: Annotated[list[Path], typer.Argument(help="TrainingRun YAML files")]) -> None:
+    """Validate TrainingRun files; each problem is printed with its field path."""
+    from agentgym.spec import SpecError, load_training_run
+
+    failed = False
+    for path in files:
+        try:
+            run = load_training_run(path)
+        except SpecError as error:
+            failed = True
+            err_console.print(f"[red]✗ {path}[/]")
+            for line in error.errors:
+                err_console.print(f"    {line}")
+        else:
+            envs = ", ".join(e.name for e in run.spec.environments)
+            console.print(f"[green]✓ {path}[/] ({run.metadata.name}: {envs}, {run.spec.algorithm.name})")
+    if failed:
+        raise typer.Exit(1)
+
+
+@spec_app.command("crd")
+def spec_crd(out: Annotated[Path | None, typer.Option(help="Write here instead of stdout")] = None) -> None:
+    """Print (or write) the TrainingRun CRD generated from the spec model."""
+    from agentgym.spec.crd import render_crd
+
+    text = render_crd()
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write_text(text)
+        err_console.print(f"wrote {out}")
+
+
+def main() -> None:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,8 +1,8 @@
 """Environment kinds of the platform, usable in-process (`make`) or behind a service.
 
-    >>> env = agentgym.envs.make("babyai")
-    >>> first = env.reset(env.catalog().task_id("test", 0))
-    >>> result = env.step("turn left")
+>>> env = agentgym.envs.make("babyai")
+>>> first = env.reset(env.catalog().task_id("test", 0))
+>>> result = env.step("turn left")
 """
 
 from __future__ import annotations

@@ -1,0 +1,393 @@
+"""The `TrainingRun` spec: one pydantic model for the cluster's CRD and the local runner.
+
+Field names are camelCase on the wire (Kubernetes convention) and snake_case in Python. The CRD's
+openAPIV3Schema is generated from these models (`agentgym.spec.crd`); so are the docs of every field.
+
+    run = load_training_run("examples/quickstart.yaml")   # raises SpecError naming each bad field
+    run.spec.curriculum.horizon_stages("babyai")          # -> [6, 13, 20]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+API_GROUP = "agentgym.io"
+API_VERSION = "v1alpha1"
+KIND = "TrainingRun"
+PLURAL = "trainingruns"
+
+EnvironmentName = Literal["babyai", "textcraft", "sciworld", "deepsearch", "webarena"]
+ENVIRONMENT_NAMES: tuple[str, ...] = ("babyai", "textcraft", "sciworld", "deepsearch", "webarena")
+
+# ScalingInter-RL stages from the AgentGym-RL paper (max turns per episode, one stage per `stage_steps`).
+PAPER_HORIZONS: dict[str, list[int]] = {
+    "babyai": [6, 13, 20],
+    "textcraft": [10, 20, 30],
+    "sciworld": [10, 20, 30],
+    "deepsearch": [5, 8, 10],
+    "webarena": [8, 12, 15],
+}
+PAPER_STAGE_STEPS: dict[str, int] = {
+    "babyai": 100,
+    "textcraft": 100,
+    "sciworld": 100,
+    "deepsearch": 100,
+    "webarena": 80,
+}
+
+
+class SpecModel(BaseModel):
+    """Base: camelCase aliases, unknown fields rejected (a typo must not be silently ignored)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+    )
+
+
+class ModelSpec(SpecModel):
+    name: str = Field(min_length=1)
+    """The policy: an HF folder, a hub id resolved by the deployment, or `builtin:tiny` / `builtin:smollm2-135m`."""
+    tokenizer: str | None = None
+    """Tokenizer location when it differs from `name`."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    """Training/inference precision (CPU runs use float32 whatever is set here)."""
+    max_context_tokens: int = Field(default=4096, ge=256)
+    """Episodes end cleanly before a trajectory outgrows this many tokens."""
+
+
+class ReplicaRange(SpecModel):
+    min: int = Field(default=1, ge=0)
+    """Fewest replicas (the autoscaler never goes below)."""
+    max: int = Field(default=1, ge=1)
+    """Most replicas."""
+
+    @model_validator(mode="after")
+    def _max_not_below_min(self) -> ReplicaRange:
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
+        return self
+
+
+class EnvironmentSpec(SpecModel):
+    name: EnvironmentName
+    """Environment kind."""
+    split: str = "train"
+    """Task split rollouts sample from."""
+    eval_split: str = "test"
+    """Task split used by evaluation."""
+    weight: float = Field(default=1.0, gt=0)
+    """Share of each step's tasks drawn from this environment (normalised over environments)."""
+    replicas: ReplicaRange = Field(default_factory=ReplicaRange)
+    """Service replicas (a HorizontalPodAutoscaler in the cluster)."""
+    max_episodes: int = Field(default=256, ge=1)
+    """Live-episode cap per replica (past it the service answers 429)."""
+    url: str | None = None
+    """Use an already running service at this URL instead of starting one."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """Environment-specific settings (e.g. SciWorld heap size, Deep Search `searchUrl`)."""
+
+
+class AlgorithmSpec(SpecModel):
+    name: Literal["grpo", "ppo", "rloo", "reinforce_plus_plus"] = "grpo"
+    """Advantage estimator."""
+    group_size: int = Field(default=8, ge=1)
+    """Samples per task (GRPO/RLOO groups)."""
+    learning_rate: float = Field(default=1e-6, gt=0)
+    clip_low: float = Field(default=0.2, gt=0, lt=1)
+    """PPO ratio clip below 1 (ratio >= 1 - clipLow)."""
+    clip_high: float = Field(default=0.2, gt=0)
+    """PPO ratio clip above 1 (ratio <= 1 + clipHigh); > clipLow is 'clip-higher'."""
+    kl_coef: float = Field(default=0.001, ge=0)
+    """Weight of the KL term to the reference policy (0 disables the reference model)."""
+    kl_type: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator; k3 is the low-variance one."""
+    kl_as: Literal["loss", "reward"] = "loss"
+    """Apply KL as a loss term or as a per-token reward penalty."""
+    entropy_coef: float = Field(default=0.0, ge=0)
+    epochs: int = Field(default=1, ge=1)
+    """Passes over each step's batch."""
+    mini_batch_size: int = Field(default=16, ge=1)
+    """Trajectories per optimiser step."""
+    gamma: float = Field(default=1.0, ge=0, le=1)
+    lam: float = Field(default=1.0, ge=0, le=1)
+    """GAE lambda (PPO)."""
+    normalize_by_std: bool = True
+    """GRPO: divide by the group's reward std."""
+    loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    critic_learning_rate: float = Field(default=1e-5, gt=0)
+    """PPO only: value model learning rate."""
+    value_clip: float = Field(default=0.5, gt=0)
+    """PPO only: value-loss clip range."""
+
+    @model_validator(mode="after")
+    def _groups_need_samples(self) -> AlgorithmSpec:
+        if self.name in ("grpo", "rloo") and self.group_size < 2:
+            raise ValueError(f"groupSize must be >= 2 for {self.name} (it compares samples of one task)")
+        return self
+
+
+class AdaptiveCurriculumSpec(SpecModel):
+    initial: int = Field(default=6, ge=1)
+    minimum: int = Field(default=2, ge=1)
+    maximum: int = Field(default=30, ge=1)
+    increment: int = Field(default=4, ge=1)
+    window: int = Field(default=10, ge=1)
+    """Steps over which success improvement is measured."""
+    plateau_delta: float = Field(default=0.02, ge=0)
+    """Success gain below this over the window counts as a plateau."""
+    truncation_threshold: float = Field(default=0.3, ge=0, le=1)
+    """Raise only when more than this share of episodes hit the horizon."""
+    patience: int = Field(default=3, ge=1)
+    cooldown: int = Field(default=10, ge=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AdaptiveCurriculumSpec:
+        if not self.minimum <= self.initial <= self.maximum:
+            raise ValueError(f"need minimum <= initial <= maximum, got {self.minimum}, {self.initial}, {self.maximum}")
+        return self
+
+
+class CurriculumSpec(SpecModel):
+    kind: Literal["fixed", "scaling_inter", "adaptive"] = "scaling_inter"
+    """Horizon schedule: fixed max turns, ScalingInter-RL stages, or adaptive."""
+    max_turns: int | None = Field(default=None, ge=1)
+    """fixed: the horizon (default: the last paper stage of the first environment)."""
+    horizons: list[int] | None = None
+    """scaling_inter: horizon per stage, increasing (default: the paper's per environment)."""
+    stage_steps: int | None = Field(default=None, ge=1)
+    """scaling_inter: training steps per stage (default: the paper's, 100; 80 for WebArena)."""
+    adaptive: AdaptiveCurriculumSpec | None = None
+    """adaptive: its parameters."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CurriculumSpec:
+        if self.horizons is not None:
+            if not self.horizons:
+                raise ValueError("horizons must not be empty")
+            if any(h < 1 for h in self.horizons):
+                raise ValueError("every horizon must be >= 1")
+            if any(b <= a for a, b in zip(self.horizons, self.horizons[1:], strict=False)):
+                raise ValueError(f"horizons must increase stage by stage, got {self.horizons}")
+        if self.kind == "adaptive" and self.adaptive is None:
+            self.adaptive = AdaptiveCurriculumSpec()
+        return self
+
+    def horizon_stages(self, environment: str) -> list[int]:
+        """The ScalingInter stages in force for `environment`."""
+        return list(self.horizons) if self.horizons else list(PAPER_HORIZONS[environment])
+
+    def steps_per_stage(self, environment: str) -> int:
+        return self.stage_steps if self.stage_steps is not None else PAPER_STAGE_STEPS[environment]
+
+
+class RolloutSpec(SpecModel):
+    tasks_per_step: int = Field(default=8, ge=1)
+    """Tasks per training step; each is played groupSize times."""
+    max_tokens_per_turn: int = Field(default=256, ge=1)
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_staleness: int = Field(default=0, ge=0)
+    """0: on-policy. n > 0: trajectories up to n policy versions old are trained on (async RL)."""
+    workers: int = Field(default=1, ge=1)
+    """Rollout worker processes (pods)."""
+    concurrency: int = Field(default=32, ge=1)
+    """Episodes in flight per worker."""
+
+
+class InferenceSpec(SpecModel):
+    engine: Literal["vllm", "hf"] = "vllm"
+    """vllm in the cluster; hf is the platform's CPU/GPU transformers engine."""
+    replicas: int = Field(default=1, ge=1)
+    tensor_parallel: int = Field(default=1, ge=1)
+    gpus_per_replica: int = Field(default=1, ge=0)
+    gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
+    max_batch_size: int = Field(default=64, ge=1)
+
+    @model_validator(mode="after")
+    def _engine_resources(self) -> InferenceSpec:
+        if self.engine == "vllm" and self.gpus_per_replica < self.tensor_parallel:
+            raise ValueError(
+                f"gpusPerReplica ({self.gpus_per_replica}) must be >= tensorParallel ({self.tensor_parallel}) for vllm"
+            )
+        if self.engine == "hf" and self.tensor_parallel != 1:
+            raise ValueError("tensorParallel must be 1 for the hf engine")
+        return self
+
+
+class TrainerSpec(SpecModel):
+    backend: Literal["torch", "deepspeed"] = "torch"
+    gpus: int = Field(default=0, ge=0)
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    micro_batch_tokens: int = Field(default=8192, ge=128)
+    """Packed tokens per micro-batch (sequence packing, no padding)."""
+    total_steps: int = Field(default=300, ge=1)
+    checkpoint_every: int = Field(default=1, ge=1)
+    keep_checkpoints: int = Field(default=3, ge=1)
+    seed: int = 0
+    sft_warmup_steps: int = Field(default=0, ge=0)
+    """Supervised steps on expert demonstrations before RL."""
+
+    @model_validator(mode="after")
+    def _deepspeed_needs_gpus(self) -> TrainerSpec:
+        if self.backend == "deepspeed" and self.gpus < 1:
+            raise ValueError("backend deepspeed needs gpus >= 1")
+        return self
+
+
+class StorageSpec(SpecModel):
+    checkpoint_uri: str = "file://runs"
+    """Where checkpoints go: a local path / file:// URI, or a volume path in the cluster."""
+    volume_claim: str | None = None
+    """Cluster only: PersistentVolumeClaim mounted by trainer and inference."""
+    volume_size: str = "50Gi"
+
+
+class TelemetrySpec(SpecModel):
+    otlp_endpoint: str | None = None
+    """OTLP/HTTP collector; unset: traces and metrics go to JSONL files in the run directory."""
+    sample_ratio: float = Field(default=1.0, ge=0, le=1)
+    """Share of episodes traced."""
+
+
+class MessagingSpec(SpecModel):
+    nats_url: str | None = None
+    """External NATS server; unset: the platform's (cluster) or an embedded one (local)."""
+    credentials_secret: str | None = None
+    """Cluster only: Secret holding NATS credentials."""
+
+
+class TrainingRunSpec(SpecModel):
+    model: ModelSpec
+    environments: list[EnvironmentSpec] = Field(min_length=1)
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
+    curriculum: CurriculumSpec = Field(default_factory=CurriculumSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    inference: InferenceSpec = Field(default_factory=InferenceSpec)
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    storage: StorageSpec = Field(default_factory=StorageSpec)
+    telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec)
+    messaging: MessagingSpec = Field(default_factory=MessagingSpec)
+    suspend: bool = False
+    """Scale all work to zero; set back to false to resume."""
+
+    @model_validator(mode="after")
+    def _unique_environments(self) -> TrainingRunSpec:
+        names = [e.name for e in self.environments]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"environments listed twice: {', '.join(duplicates)}")
+        return self
+
+
+class Condition(SpecModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    type: Literal["Ready", "EnvironmentsReady", "InferenceReady", "TrainerRunning", "Complete", "Failed", "Suspended"]
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    observed_generation: int | None = None
+    last_transition_time: str | None = None
+
+
+class TrainingRunStatus(SpecModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    phase: Literal["Pending", "Running", "Suspended", "Succeeded", "Failed"] = "Pending"
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None
+    step: int = 0
+    stage: int = 0
+    horizon: int | None = None
+    policy_version: int = 0
+    """Latest version published by the trainer."""
+    served_policy_version: int | None = None
+    """Version every inference replica serves."""
+    reward: float | None = None
+    """Mean reward of the latest step."""
+    metrics: dict[str, float] = Field(default_factory=dict)
+    last_checkpoint: str | None = None
+    start_time: str | None = None
+    completion_time: str | None = None
+
+
+class ObjectMeta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    namespace: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class TrainingRun(BaseModel):
+    """The whole document: what `kubectl apply` and `agentgym run` take."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+    api_version: Literal["agentgym.io/v1alpha1"] = Field(default="agentgym.io/v1alpha1", alias="apiVersion")
+    kind: Literal["TrainingRun"] = "TrainingRun"
+    metadata: ObjectMeta
+    spec: TrainingRunSpec
+    status: TrainingRunStatus | None = None
+
+    def to_document(self) -> dict[str, Any]:
+        """The camelCase dict form (what goes to YAML / the API server)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class SpecError(ValueError):
+    """An invalid TrainingRun; `errors` holds one "field.path: message" line per problem."""
+
+    def __init__(self, errors: list[str], source: str = "TrainingRun") -> None:
+        self.errors = errors
+        super().__init__(f"invalid {source}:\n" + "\n".join(f"  - {e}" for e in errors))
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += ("." if path else "") + part
+    return path or "(document)"
+
+
+def format_validation_error(error: ValidationError) -> list[str]:
+    lines = []
+    for item in error.errors():
+        # Drop pydantic's internal union/function tags from the location, keep real field names.
+        loc = tuple(p for p in item["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
+        message = item["msg"].removeprefix("Value error, ")
+        lines.append(f"{_field_path(loc)}: {message}")
+    return lines
+
+
+def parse_training_run(document: dict[str, Any], source: str = "TrainingRun") -> TrainingRun:
+    """Validate a TrainingRun document (camelCase keys); raises SpecError naming every bad field."""
+    if not isinstance(document, dict):
+        raise SpecError([f"(document): expected a mapping, got {type(document).__name__}"], source)
+    try:
+        return TrainingRun.model_validate(document)
+    except ValidationError as error:
+        raise SpecError(format_validation_error(error), source) from None
+
+
+def load_training_run(path: str | Path) -> TrainingRun:
+    """Read and validate a TrainingRun YAML file."""
+    path = Path(path)
+    try:
+        document = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecError([f"(file): {path} does not exist"], str(path)) from None
+    except yaml.YAMLError as error:
+        raise SpecError([f"(yaml): {error}"], str(path)) from None
+    return parse_training_run(document, str(path))

@@ -1,0 +1,3 @@
+from agentgym.cli.main import main
+
+main()

@@ -1,0 +1,94 @@
+"""AgentGym-compatible routes: each environment's original paths and field names.
+
+AgentGym's servers address episodes by small integers and pick tasks by `data_idx`; this module
+keeps an int -> episode id table per service and lets each environment kind declare its routes in
+`agentgym.envs.<kind>.compat.build_router(manager, ids)`. Errors keep proper HTTP statuses and
+carry AgentGym's `error` field beside `detail`, so both kinds of client can read them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from agentgym.envs.base import UnknownTaskError
+from agentgym.envs.server.manager import (
+    CapacityError,
+    EnvironmentCrashError,
+    EpisodeManager,
+    EpisodeNotFoundError,
+    EpisodeStateError,
+)
+from fastapi import APIRouter, HTTPException
+from fastapi.responses import JSONResponse
+
+T = TypeVar("T")
+
+# Environment kinds with AgentGym routes: name -> module defining build_router(manager, ids).
+COMPAT_MODULES: dict[str, str] = {
+    "babyai": "agentgym.envs.babyai.compat",
+    "textcraft": "agentgym.envs.textcraft.compat",
+}
+
+
+class CompatIds:
+    """AgentGym's integer episode ids, mapped onto the manager's opaque ids."""
+
+    def __init__(self, manager: EpisodeManager) -> None:
+        self.manager = manager
+        self._next = itertools.count(0)
+        self._episodes: dict[int, str] = {}
+
+    def add(self, episode_id: str) -> int:
+        number = next(self._next)
+        self._episodes[number] = episode_id
+        return number
+
+    def episode_id(self, number: int) -> str:
+        episode_id = self._episodes.get(number)
+        if episode_id is None or self.manager._episodes.get(episode_id) is None:
+            self._episodes.pop(number, None)
+            raise EpisodeNotFoundError(str(number))
+        return episode_id
+
+    def remove(self, number: int) -> str:
+        episode_id = self.episode_id(number)
+        del self._episodes[number]
+        return episode_id
+
+
+def compat_error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message, "detail": message}, status_code=status)
+
+
+_STATUS: list[tuple[type[Exception], int]] = [
+    (EpisodeNotFoundError, 404),
+    (UnknownTaskError, 404),
+    (CapacityError, 429),
+    (EpisodeStateError, 409),
+    (EnvironmentCrashError, 500),
+]
+
+
+async def answer(call: Callable[[], Awaitable[T]]) -> T | JSONResponse:
+    """Run a compat handler body, turning the manager's errors into AgentGym-style error payloads."""
+    try:
+        return await call()
+    except HTTPException:
+        raise
+    except Exception as error:
+        for kind, status in _STATUS:
+            if isinstance(error, kind):
+                return compat_error(status, str(error))
+        raise
+
+
+def compat_router(environment: str, manager: EpisodeManager) -> APIRouter | None:
+    module_name = COMPAT_MODULES.get(environment)
+    if module_name is None:
+        return None
+    module: Any = importlib.import_module(module_name)
+    router: APIRouter = module.build_router(manager, CompatIds(manager))
+    return router

@@ -1,0 +1,67 @@
+"""Run an environment service: HTTP (uvicorn) and gRPC on one event loop, one shared manager."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from typing import Any
+
+import uvicorn
+from agentgym.envs import environment_class
+from agentgym.envs.server.grpc_api import create_grpc_server
+from agentgym.envs.server.http_api import create_app
+from agentgym.envs.server.manager import EpisodeManager, ManagerConfig
+
+log = logging.getLogger(__name__)
+
+
+def build_manager(
+    environment: str, config: ManagerConfig | None = None, env_config: dict[str, Any] | None = None
+) -> EpisodeManager:
+    """A manager creating `environment` instances with `env_config` keyword settings."""
+    cls = environment_class(environment)
+    settings = dict(env_config or {})
+    return EpisodeManager(environment, lambda: cls(**settings), cls.catalog(), config)
+
+
+async def serve(
+    environment: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    grpc_port: int | None = 50051,
+    config: ManagerConfig | None = None,
+    env_config: dict[str, Any] | None = None,
+    log_level: str = "warning",
+) -> None:
+    """Serve until SIGINT/SIGTERM; gRPC is skipped when `grpc_port` is None."""
+    manager = build_manager(environment, config, env_config)
+    await manager.start()
+    grpc_server = None
+    try:
+        if grpc_port is not None:
+            grpc_server, bound = create_grpc_server(manager, f"{host}:{grpc_port}")
+            await grpc_server.start()
+            log.info("gRPC on %s:%d", host, bound)
+        app = create_app(manager, manage_lifecycle=False)
+        loop = "uvloop" if "uvloop" in sys.modules or _has("uvloop") else "asyncio"
+        server = uvicorn.Server(
+            uvicorn.Config(app, host=host, port=port, log_level=log_level, loop=loop, access_log=False)
+        )
+        await server.serve()
+    finally:
+        if grpc_server is not None:
+            await grpc_server.stop(grace=2)
+        await manager.stop()
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def run(environment: str, **kwargs: Any) -> None:
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(environment, **kwargs))
