@@ -23,10 +23,14 @@ from agentgym.envs.base import (
 ENVIRONMENT_CLASSES: dict[str, str] = {
     "babyai": "agentgym.envs.babyai.env:BabyAIEnv",
     "textcraft": "agentgym.envs.textcraft.env:TextCraftEnv",
+    "sciworld": "agentgym.envs.sciworld.env:SciWorldEnv",
+    "deepsearch": "agentgym.envs.deepsearch.env:DeepSearchEnv",
 }
 EXPERT_CLASSES: dict[str, str] = {
     "babyai": "agentgym.envs.babyai.expert:BabyAIExpert",
     "textcraft": "agentgym.envs.textcraft.expert:TextCraftExpert",
+    "sciworld": "agentgym.envs.sciworld.expert:SciWorldExpert",
+    "deepsearch": "agentgym.envs.deepsearch.expert:DeepSearchExpert",
 }
 
 

@@ -30,6 +30,8 @@ T = TypeVar("T")
 COMPAT_MODULES: dict[str, str] = {
     "babyai": "agentgym.envs.babyai.compat",
     "textcraft": "agentgym.envs.textcraft.compat",
+    "sciworld": "agentgym.envs.sciworld.compat",
+    "deepsearch": "agentgym.envs.deepsearch.compat",
 }
 
 
