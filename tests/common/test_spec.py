@@ -59,12 +59,16 @@ def test_minimal_spec_gets_sensible_defaults() -> None:
         ({"algorithm": {"learningRate": 0}}, "spec.algorithm.learningRate: Input should be greater than 0"),
         ({"environments": []}, "spec.environments: List should have at least 1 item"),
         ({"environments": [{"name": "chess"}]}, "spec.environments[0].name: Input should be 'babyai'"),
-        ({"environments": [{"name": "babyai", "replicas": {"min": 3, "max": 2}}]},
-         "spec.environments[0].replicas: max (2) must be >= min (3)"),
+        (
+            {"environments": [{"name": "babyai", "replicas": {"min": 3, "max": 2}}]},
+            "spec.environments[0].replicas: max (2) must be >= min (3)",
+        ),
         ({"environments": [{"name": "babyai"}, {"name": "babyai"}]}, "spec: environments listed twice: babyai"),
         ({"curriculum": {"horizons": [6, 6, 20]}}, "spec.curriculum: horizons must increase stage by stage"),
-        ({"curriculum": {"kind": "adaptive", "adaptive": {"initial": 50, "maximum": 30}}},
-         "spec.curriculum.adaptive: need minimum <= initial <= maximum"),
+        (
+            {"curriculum": {"kind": "adaptive", "adaptive": {"initial": 50, "maximum": 30}}},
+            "spec.curriculum.adaptive: need minimum <= initial <= maximum",
+        ),
         ({"rollout": {"topP": 1.5}}, "spec.rollout.topP: Input should be less than or equal to 1"),
         ({"trainer": {"backend": "deepspeed"}}, "spec.trainer: backend deepspeed needs gpus >= 1"),
         ({"inference": {"engine": "hf", "tensorParallel": 2}}, "spec.inference: tensorParallel must be 1"),
@@ -103,7 +107,7 @@ def test_examples_validate_with_model_and_crd_schema(path: Path) -> None:
 
 def test_crd_schema_rejects_what_the_model_rejects() -> None:
     schema = _as_json_schema(crd_document()["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
-    with pytest.raises(jsonschema.ValidationError, match="groupSize|0 is less than"):
+    with pytest.raises(jsonschema.ValidationError, match=r"groupSize|0 is less than"):
         jsonschema.validate(with_spec(algorithm={"groupSize": 0}), schema)
     with pytest.raises(jsonschema.ValidationError, match="chess"):
         jsonschema.validate(with_spec(environments=[{"name": "chess"}]), schema)

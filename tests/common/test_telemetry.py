@@ -16,9 +16,11 @@ def test_spans_and_metrics_go_to_jsonl(tmp_path: Path, monkeypatch: pytest.Monke
     telemetry = setup_telemetry("test-service", directory=tmp_path, set_global=False)
     assert telemetry.destination == str(tmp_path)
     tracer = telemetry.tracer("tests")
-    with tracer.start_as_current_span("invoke_agent", attributes={"agentgym.env": "babyai"}) as parent:
-        with tracer.start_as_current_span("chat") as child:
-            child.set_attribute("gen_ai.usage.output_tokens", 12)
+    with (
+        tracer.start_as_current_span("invoke_agent", attributes={"agentgym.env": "babyai"}) as parent,
+        tracer.start_as_current_span("chat") as child,
+    ):
+        child.set_attribute("gen_ai.usage.output_tokens", 12)
     counter = telemetry.meter_provider.get_meter("tests").create_counter("agentgym.steps")
     counter.add(3, {"environment": "babyai"})
     telemetry.shutdown()

@@ -13,6 +13,9 @@ import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from fastapi import APIRouter, HTTPException
+from fastapi.responses import JSONResponse
+
 from agentgym.envs.base import UnknownTaskError
 from agentgym.envs.server.manager import (
     CapacityError,
@@ -21,8 +24,6 @@ from agentgym.envs.server.manager import (
     EpisodeNotFoundError,
     EpisodeStateError,
 )
-from fastapi import APIRouter, HTTPException
-from fastapi.responses import JSONResponse
 
 T = TypeVar("T")
 
@@ -43,10 +44,16 @@ class CompatIds:
         self._next = itertools.count(0)
         self._episodes: dict[int, str] = {}
 
-    def add(self, episode_id: str) -> int:
-        number = next(self._next)
+    def reserve(self) -> int:
+        """The next number, before its episode exists (AgentGym's TextCraft resets to data_idx = id)."""
+        return next(self._next)
+
+    def bind(self, number: int, episode_id: str) -> int:
         self._episodes[number] = episode_id
         return number
+
+    def add(self, episode_id: str) -> int:
+        return self.bind(self.reserve(), episode_id)
 
     def episode_id(self, number: int) -> str:
         episode_id = self._episodes.get(number)

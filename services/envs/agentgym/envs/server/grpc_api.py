@@ -6,6 +6,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
 import grpc
+from google.protobuf import json_format, struct_pb2
+
 from agentgym.envs.base import ResetResult, StepResult, UnknownTaskError
 from agentgym.envs.server.manager import (
     CapacityError,
@@ -15,7 +17,6 @@ from agentgym.envs.server.manager import (
     EpisodeStateError,
 )
 from agentgym.proto import env_pb2, env_pb2_grpc
-from google.protobuf import json_format, struct_pb2
 
 T = TypeVar("T")
 

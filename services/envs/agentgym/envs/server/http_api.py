@@ -10,6 +10,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from fastapi import FastAPI, Query, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from agentgym.envs.base import ResetResult, StepResult, UnknownTaskError
 from agentgym.envs.server.manager import (
     CapacityError,
@@ -18,10 +23,6 @@ from agentgym.envs.server.manager import (
     EpisodeNotFoundError,
     EpisodeStateError,
 )
-from fastapi import FastAPI, Query, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class TaskSelection(BaseModel):

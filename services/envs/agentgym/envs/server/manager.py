@@ -20,8 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from agentgym.envs.base import Environment, ResetResult, StepResult, TaskCatalog, UnknownTaskError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from agentgym.envs.base import Environment, ResetResult, StepResult, TaskCatalog, UnknownTaskError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 import uvicorn
+
 from agentgym.envs import environment_class
 from agentgym.envs.server.grpc_api import create_grpc_server
 from agentgym.envs.server.http_api import create_app

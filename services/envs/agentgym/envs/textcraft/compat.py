@@ -1,0 +1,98 @@
+"""AgentGym's TextCraft routes, unchanged for its clients.
+
+`/create` opens an episode and, like AgentGym, resets it to goal `data_idx = id` (modulo the 544
+goals); `/reset {id, data_idx}` picks goal `data_idx` of the "all" split (AgentGym's order: by
+depth). Steps answer `{observation, reward, done}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentgym.envs.base import UnknownTaskError
+from agentgym.envs.server.compat import CompatIds, answer
+from agentgym.envs.server.manager import EpisodeManager
+
+
+class CreateBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    commands: str | None = Field(default=None, description="Not supported: must be null")
+    goal: str | None = Field(default=None, description="Not supported: must be null")
+
+
+class StepBody(BaseModel):
+    id: int
+    action: str
+
+
+class ResetBody(BaseModel):
+    id: int
+    data_idx: int = Field(ge=0)
+
+
+class CloseBody(BaseModel):
+    id: int
+
+
+def build_router(manager: EpisodeManager, ids: CompatIds) -> APIRouter:
+    router = APIRouter(tags=["agentgym-compat"])
+    goals = manager.catalog.splits()["all"]
+
+    def goal_task(data_idx: int) -> str:
+        if not 0 <= data_idx < goals:
+            raise UnknownTaskError(f"data_idx {data_idx} out of range (0..{goals - 1})")
+        return manager.catalog.task_id("all", data_idx)
+
+    @router.get("/", response_class=PlainTextResponse)
+    async def hello() -> str:
+        return "This is environment TextCraft."
+
+    @router.post("/create")
+    async def create(body: CreateBody | None = None) -> Any:
+        async def run() -> Any:
+            if body is not None and (body.commands or body.goal):
+                raise UnknownTaskError("custom commands/goal are not supported; use /reset with a data_idx")
+            number = ids.reserve()
+            episode, first = await manager.open(goal_task(number % goals))
+            ids.bind(number, episode.episode_id)
+            assert first is not None
+            return {"id": number, "observation": first.observation, "done": False, "reward": 0}
+
+        return await answer(run)
+
+    @router.post("/step")
+    async def step(body: StepBody) -> Any:
+        async def run() -> Any:
+            result = await manager.step(ids.episode_id(body.id), body.action)
+            return {"observation": result.observation, "reward": result.reward, "done": result.done}
+
+        return await answer(run)
+
+    @router.post("/reset")
+    async def reset(body: ResetBody) -> Any:
+        async def run() -> Any:
+            first = await manager.reset(ids.episode_id(body.id), goal_task(body.data_idx))
+            return {"id": body.id, "observation": first.observation, "done": False, "reward": 0}
+
+        return await answer(run)
+
+    @router.get("/observation")
+    async def observation(id: int) -> Any:
+        async def run() -> Any:
+            return (await manager.observe(ids.episode_id(id))).observation
+
+        return await answer(run)
+
+    @router.post("/close")
+    async def close(body: CloseBody) -> Any:
+        async def run() -> Any:
+            await manager.close(ids.remove(body.id))
+            return {"closed": True}
+
+        return await answer(run)
+
+    return router
