@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Set up everything for development in .venv (idempotent): Python packages, Java for ScienceWorld.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+# torch is pinned to the 2.13.0 CPU build: install it first, on its own, so no other package's
+# requirement can pull a multi-GB CUDA build instead. (Elsewhere, point pip at PyTorch's CPU index.)
+.venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+
+# ScienceWorld runs on a JVM (Java 17+).
+if ! command -v java >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing a Java runtime (ScienceWorld needs one)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+  else
+    echo "warning: no java on PATH; SciWorld needs Java 17 (apt-get install openjdk-17-jre-headless)" >&2
+  fi
+fi
+echo "dev environment ready: .venv"

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# What CI runs: set up, lint, type-check, then the whole test suite (slow tests included).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup-dev.sh
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
+.venv/bin/pytest -q -p no:cacheprovider "$@"
