@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
+import signal
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
@@ -16,6 +17,15 @@ from agentgym.envs.server.http_api import create_app
 from agentgym.envs.server.manager import EpisodeManager, ManagerConfig
 
 log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal capture: it re-raises SIGTERM after shutdown, which would skip
+    our cleanup (closing environment instances, e.g. SciWorld's JVMs). `serve` handles signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 def build_manager(
@@ -46,21 +56,16 @@ async def serve(
             await grpc_server.start()
             log.info("gRPC on %s:%d", host, bound)
         app = create_app(manager, manage_lifecycle=False)
-        loop = "uvloop" if "uvloop" in sys.modules or _has("uvloop") else "asyncio"
-        server = uvicorn.Server(
-            uvicorn.Config(app, host=host, port=port, log_level=log_level, loop=loop, access_log=False)
-        )
+        server = _Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False))
+        running = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):  # not in the main thread
+                running.add_signal_handler(signum, lambda: setattr(server, "should_exit", True))
         await server.serve()
     finally:
         if grpc_server is not None:
             await grpc_server.stop(grace=2)
         await manager.stop()
-
-
-def _has(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
 
 
 def run(environment: str, **kwargs: Any) -> None:
