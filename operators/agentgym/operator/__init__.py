@@ -1,0 +1,1 @@
+"""The TrainingRun operator (kopf): reconciles a TrainingRun into env services, inference, rollout, trainer."""
