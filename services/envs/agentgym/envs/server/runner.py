@@ -34,7 +34,14 @@ def build_manager(
     """A manager creating `environment` instances with `env_config` keyword settings."""
     cls = environment_class(environment)
     settings = dict(env_config or {})
-    return EpisodeManager(environment, lambda: cls(**settings), cls.catalog(), config)
+    # Settings can extend the catalog (e.g. Deep Search's user datasets): build one instance with them
+    # first, which also surfaces bad settings before the service starts.
+    probe = cls(**settings)
+    try:
+        catalog = probe.catalog()
+    finally:
+        probe.close()
+    return EpisodeManager(environment, lambda: cls(**settings), catalog, config)
 
 
 async def serve(
