@@ -14,7 +14,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, HTTPException
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, Field
 
 from agentgym.envs.base import UnknownTaskError
 from agentgym.envs.server.manager import (
@@ -92,6 +93,47 @@ async def answer(call: Callable[[], Awaitable[T]]) -> T | JSONResponse:
             if isinstance(error, kind):
                 return compat_error(status, str(error))
         raise
+
+
+class StepBody(BaseModel):
+    """AgentGym's `/step` body (integer episode id)."""
+
+    id: int
+    action: str
+
+
+class ResetBody(BaseModel):
+    """AgentGym's `/reset` body: which task, by AgentGym's data index."""
+
+    id: int
+    data_idx: int = Field(ge=0)
+
+
+class CloseBody(BaseModel):
+    id: int
+
+
+def add_common_routes(router: APIRouter, manager: EpisodeManager, ids: CompatIds, greeting: str) -> None:
+    """The routes every AgentGym server has in the same shape: `GET /`, `GET /observation?id=`, `/close`."""
+
+    @router.get("/", response_class=PlainTextResponse)
+    async def hello() -> str:
+        return greeting
+
+    @router.get("/observation")
+    async def observation(id: int) -> Any:
+        async def run() -> Any:
+            return (await manager.observe(ids.episode_id(id))).observation
+
+        return await answer(run)
+
+    @router.post("/close")
+    async def close(body: CloseBody) -> Any:
+        async def run() -> Any:
+            await manager.close(ids.remove(body.id))
+            return {"closed": True}
+
+        return await answer(run)
 
 
 def compat_router(environment: str, manager: EpisodeManager) -> APIRouter | None:

@@ -10,11 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentgym.envs.base import UnknownTaskError
-from agentgym.envs.server.compat import CompatIds, answer
+from agentgym.envs.server.compat import CompatIds, ResetBody, StepBody, add_common_routes, answer
 from agentgym.envs.server.manager import EpisodeManager
 
 
@@ -22,20 +21,6 @@ class CreateBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
     commands: str | None = Field(default=None, description="Not supported: must be null")
     goal: str | None = Field(default=None, description="Not supported: must be null")
-
-
-class StepBody(BaseModel):
-    id: int
-    action: str
-
-
-class ResetBody(BaseModel):
-    id: int
-    data_idx: int = Field(ge=0)
-
-
-class CloseBody(BaseModel):
-    id: int
 
 
 def build_router(manager: EpisodeManager, ids: CompatIds) -> APIRouter:
@@ -47,9 +32,7 @@ def build_router(manager: EpisodeManager, ids: CompatIds) -> APIRouter:
             raise UnknownTaskError(f"data_idx {data_idx} out of range (0..{goals - 1})")
         return manager.catalog.task_id("all", data_idx)
 
-    @router.get("/", response_class=PlainTextResponse)
-    async def hello() -> str:
-        return "This is environment TextCraft."
+    add_common_routes(router, manager, ids, "This is environment TextCraft.")
 
     @router.post("/create")
     async def create(body: CreateBody | None = None) -> Any:
@@ -77,21 +60,6 @@ def build_router(manager: EpisodeManager, ids: CompatIds) -> APIRouter:
         async def run() -> Any:
             first = await manager.reset(ids.episode_id(body.id), goal_task(body.data_idx))
             return {"id": body.id, "observation": first.observation, "done": False, "reward": 0}
-
-        return await answer(run)
-
-    @router.get("/observation")
-    async def observation(id: int) -> Any:
-        async def run() -> Any:
-            return (await manager.observe(ids.episode_id(id))).observation
-
-        return await answer(run)
-
-    @router.post("/close")
-    async def close(body: CloseBody) -> Any:
-        async def run() -> Any:
-            await manager.close(ids.remove(body.id))
-            return {"closed": True}
 
         return await answer(run)
 
