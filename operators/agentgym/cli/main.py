@@ -16,12 +16,15 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from agentgym.operator.cli import operator_app
+
 app = typer.Typer(help="AgentGym-RL Platform: multi-turn online RL for LLM agents.", no_args_is_help=True)
 env_app = typer.Typer(help="Environment services: serve, inspect, play.", no_args_is_help=True)
 spec_app = typer.Typer(help="TrainingRun specs: validate, generate the CRD.", no_args_is_help=True)
 retriever_app = typer.Typer(help="Deep Search's retrieval service (Search-R1 API over BM25).", no_args_is_help=True)
 app.add_typer(env_app, name="env")
 app.add_typer(spec_app, name="spec")
+app.add_typer(operator_app, name="operator")
 model_app = typer.Typer(
     help="Policy models that work offline: SmolLM2-135M-Instruct, a tiny random model.", no_args_is_help=True
 )
@@ -317,8 +320,9 @@ def inference_serve(
     from agentgym.inference.models import BUILTIN_MODELS
     from agentgym.inference.server import run
 
-    if not model.startswith("builtin:") and not (Path(model.removeprefix("file://")) / "config.json").is_file():
-        raise _fail(f"{model!r} is not an HF model folder; builtins: {', '.join(BUILTIN_MODELS)}")
+    known = model in BUILTIN_MODELS or (Path(model.removeprefix("file://")) / "config.json").is_file()
+    if not known:
+        raise _fail(f"{model!r} is not an HF model folder nor a builtin ({', '.join(BUILTIN_MODELS)})")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("AGENTGYM_TELEMETRY_DIR"):
         from agentgym.telemetry import setup_telemetry

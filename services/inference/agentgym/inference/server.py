@@ -1,0 +1,412 @@
+"""OpenAI-compatible HTTP front end of the HF engine: the subset of vLLM's API the platform uses.
+
+Routes (OpenAPI docs at /docs):
+
+- `POST /v1/completions`: token-id (or text) prompts in, sampled token ids + raw logprobs out, plus our
+  `policy_version` extension (also the `X-Policy-Version` header).
+- `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus).
+- `POST /v1/load_weights {"uri", "version"}` swaps in new weights (in-flight requests finish on the old ones),
+  `GET /v1/policy_version`.
+
+Errors are `{"error": {"message", "type", "param", "code"}}` with 400 (bad request, unknown model, bad
+weights), 409 (stale weight version), 503 (shutting down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from opentelemetry import propagate, trace
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentgym.inference.client import POLICY_VERSION_HEADER
+from agentgym.inference.engine import (
+    Engine,
+    EngineClosedError,
+    GenerationOutput,
+    InvalidRequestError,
+    SampleOutput,
+    SamplingParams,
+    StaleVersionError,
+    WeightLoadError,
+)
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("agentgym.inference")
+
+
+class CompletionRequest(BaseModel):
+    """vLLM's /v1/completions request, restricted to what this engine implements."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = Field(default=None, description="Served model name (GET /v1/models); default: it")
+    prompt: list[int] | list[list[int]] | str | list[str] = Field(
+        description="Token ids (one prompt or a list of prompts), or text"
+    )
+    max_tokens: int = Field(default=16, description="Tokens to sample at most per choice")
+    temperature: float = Field(default=1.0, description="0 = greedy")
+    top_p: float = 1.0
+    n: int = Field(default=1, description="Samples per prompt")
+    stop: str | list[str] | None = Field(default=None, description="Stop strings (cut from text, ids kept)")
+    stop_token_ids: list[int] | None = Field(default=None, description="Extra token ids that end a sample")
+    seed: int | None = Field(default=None, description="Per-request sampling seed")
+    logprobs: int | None = Field(default=None, description="Return logprobs (and this many top alternatives)")
+    return_token_ids: bool = Field(default=False, description="Return the sampled ids as `token_ids`")
+    return_tokens_as_token_ids: bool = Field(default=False, description="logprobs tokens as 'token_id:N'")
+    ignore_eos: bool = False
+    # Accepted only at their neutral values, so a client never silently gets a policy it did not ask for.
+    stream: bool = False
+    echo: bool = False
+    best_of: int | None = None
+    top_k: int | None = None
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[str, float] | None = None
+    suffix: str | None = None
+
+    def unsupported(self) -> str | None:
+        checks = {
+            "stream": not self.stream,
+            "echo": not self.echo,
+            "best_of": self.best_of in (None, self.n),
+            "top_k": self.top_k in (None, 0, -1),
+            "min_p": self.min_p == 0.0,
+            "presence_penalty": self.presence_penalty == 0.0,
+            "frequency_penalty": self.frequency_penalty == 0.0,
+            "repetition_penalty": self.repetition_penalty == 1.0,
+            "logit_bias": not self.logit_bias,
+            "suffix": self.suffix is None,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        return ", ".join(bad) if bad else None
+
+
+class LoadWeightsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    uri: str = Field(min_length=1, description="HF folder, safetensors/.pt file, or a file:// URI of one")
+    version: int = Field(ge=0, description="Policy version the new weights are served as")
+
+
+def error_response(status: int, message: str, kind: str | None = None) -> JSONResponse:
+    kinds = {400: "BadRequestError", 404: "NotFoundError", 409: "ConflictError", 503: "ServiceUnavailableError"}
+    error: dict[str, Any] = {
+        "message": message,
+        "type": kind or kinds.get(status, "InternalServerError"),
+        "param": None,
+        "code": status,
+    }
+    return JSONResponse({"error": error}, status_code=status)
+
+
+def _validation_message(error: RequestValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        location = ".".join(str(p) for p in item.get("loc", ()) if p != "body")
+        parts.append(f"{location or 'body'}: {item.get('msg', 'invalid')}")
+    return "invalid request: " + "; ".join(parts)
+
+
+def _prompts(request: CompletionRequest, engine: Engine) -> list[list[int]]:
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        texts: list[str] | None = [prompt]
+    elif prompt and all(isinstance(p, str) for p in prompt):
+        texts = [str(p) for p in prompt]
+    else:
+        texts = None
+    if texts is not None:
+        if any(not t for t in texts):
+            raise InvalidRequestError("the prompt is empty")
+        return [list(engine.tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+    if not prompt:
+        raise InvalidRequestError("the prompt is empty")
+    if all(isinstance(p, int) for p in prompt):
+        return [[int(p) for p in prompt if isinstance(p, int)]]
+    prompts = [list(p) for p in prompt if isinstance(p, list)]
+    if len(prompts) != len(prompt):
+        raise InvalidRequestError("prompt must be token ids, a list of token-id lists, text, or a list of texts")
+    return prompts
+
+
+def _params(request: CompletionRequest) -> SamplingParams:
+    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    if request.logprobs is not None and request.logprobs < 0:
+        raise InvalidRequestError("logprobs must be >= 0")
+    return SamplingParams(
+        max_tokens=request.max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        n=request.n,
+        stop=tuple(stop),
+        stop_token_ids=tuple(request.stop_token_ids or ()),
+        seed=request.seed,
+        ignore_eos=request.ignore_eos,
+        top_logprobs=request.logprobs or 0,
+    )
+
+
+class _TokenText:
+    """Per-token display strings for logprobs (cached: the same ids recur constantly)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.cache: dict[int, str] = {}
+
+    def __call__(self, token: int, as_id: bool) -> str:
+        if as_id:
+            return f"token_id:{token}"
+        text = self.cache.get(token)
+        if text is None:
+            text = str(self.tokenizer.decode([token]))
+            if len(self.cache) < 200_000:
+                self.cache[token] = text
+        return text
+
+
+def _choice(
+    index: int, sample: SampleOutput, prompt: list[int], request: CompletionRequest, token_text: _TokenText
+) -> dict[str, Any]:
+    logprobs: dict[str, Any] | None = None
+    if request.logprobs is not None:
+        as_id = request.return_tokens_as_token_ids
+        tokens = [token_text(t, as_id) for t in sample.token_ids]
+        offsets: list[int] = []
+        position = 0
+        for token in tokens:
+            offsets.append(position)
+            position += len(token)
+        top: list[dict[str, float] | None] | None = None
+        if sample.top_logprobs is not None:
+            top = [{token_text(t, as_id): lp for t, lp in entry.items()} for entry in sample.top_logprobs]
+        logprobs = {"text_offset": offsets, "token_logprobs": sample.logprobs, "tokens": tokens, "top_logprobs": top}
+    return {
+        "index": index,
+        "text": sample.text,
+        "token_ids": sample.token_ids if request.return_token_ids else None,
+        "prompt_token_ids": prompt if request.return_token_ids else None,
+        "logprobs": logprobs,
+        "finish_reason": sample.finish_reason,
+        "stop_reason": sample.stop_reason,
+    }
+
+
+def create_app(engine: Engine, *, manage_engine: bool = False) -> FastAPI:
+    """The FastAPI app over `engine`; with `manage_engine`, the app closes the engine on shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if manage_engine:
+                await asyncio.to_thread(engine.close)
+
+    app = FastAPI(
+        title="AgentGym-RL inference",
+        description="OpenAI-compatible completions (vLLM's subset) over the platform's HF engine.",
+        lifespan=lifespan,
+    )
+    app.state.engine = engine
+    metrics = engine.metrics
+    token_text = _TokenText(engine.tokenizer)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        if request.url.path == "/v1/completions":
+            metrics.requests.labels("invalid").inc()
+        return error_response(400, _validation_message(error))
+
+    @app.exception_handler(InvalidRequestError)
+    async def _bad(_: Request, error: InvalidRequestError) -> JSONResponse:
+        return error_response(400, str(error))
+
+    @app.exception_handler(EngineClosedError)
+    async def _closed(_: Request, error: EngineClosedError) -> JSONResponse:
+        return error_response(503, str(error))
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> JSONResponse:
+        with tracer.start_as_current_span(
+            "inference.completion", context=propagate.extract(dict(request.headers))
+        ) as span:
+            unsupported = body.unsupported()
+            if unsupported:
+                metrics.requests.labels("invalid").inc()
+                return error_response(400, f"not supported by this engine: {unsupported}")
+            if body.model is not None and body.model != engine.served_model_name:
+                metrics.requests.labels("invalid").inc()
+                return error_response(
+                    400, f"the model {body.model!r} is not served here; this server serves {engine.served_model_name!r}"
+                )
+            try:
+                prompts = _prompts(body, engine)
+                params = _params(body)
+                for prompt in prompts:
+                    engine.check(prompt, params)
+            except InvalidRequestError:
+                metrics.requests.labels("invalid").inc()
+                raise
+            try:
+                outputs: list[GenerationOutput] = list(
+                    await asyncio.gather(*(engine.generate(prompt, params) for prompt in prompts))
+                )
+            except EngineClosedError:
+                metrics.requests.labels("unavailable").inc()
+                raise
+            except Exception:
+                metrics.requests.labels("error").inc()
+                raise
+            choices = []
+            for prompt_index, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
+                for sample in output.samples:
+                    choice = _choice(prompt_index * params.n + sample.index, sample, prompt, body, token_text)
+                    if len(outputs) > 1:
+                        choice["policy_version"] = output.policy_version
+                    choices.append(choice)
+            prompt_tokens = sum(o.prompt_tokens for o in outputs)
+            completion_tokens = sum(o.completion_tokens for o in outputs)
+            version = min(o.policy_version for o in outputs)
+            span.set_attribute("inference.prompts", len(prompts))
+            span.set_attribute("inference.n", params.n)
+            span.set_attribute("inference.prompt_tokens", prompt_tokens)
+            span.set_attribute("inference.completion_tokens", completion_tokens)
+            span.set_attribute("inference.policy_version", version)
+            span.set_attribute("inference.queue_seconds", max(o.queue_seconds for o in outputs))
+            metrics.requests.labels("ok").inc()
+            content = {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": engine.served_model_name,
+                "choices": choices,
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+                "policy_version": version,
+            }
+            return JSONResponse(content, headers={POLICY_VERSION_HEADER: str(version)})
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": engine.served_model_name,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "agentgym",
+                    "root": str(engine.model_dir),
+                    "max_model_len": engine.max_model_len,
+                    "policy_version": engine.policy_version,
+                }
+            ],
+        }
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse(
+            {"status": "ok", "model": engine.served_model_name, "policy_version": engine.policy_version},
+            headers={POLICY_VERSION_HEADER: str(engine.policy_version)},
+        )
+
+    @app.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/policy_version")
+    async def policy_version() -> JSONResponse:
+        version = engine.policy_version
+        return JSONResponse({"policy_version": version}, headers={POLICY_VERSION_HEADER: str(version)})
+
+    @app.post("/v1/load_weights")
+    async def load_weights(body: LoadWeightsRequest) -> JSONResponse:
+        started = time.perf_counter()
+        with tracer.start_as_current_span("inference.load_weights") as span:
+            span.set_attribute("inference.uri", body.uri)
+            span.set_attribute("inference.policy_version", body.version)
+            try:
+                version = await engine.load_weights(body.uri, body.version)
+            except WeightLoadError as error:
+                return error_response(400, f"{error}; still serving policy version {engine.policy_version}")
+            except StaleVersionError as error:
+                return error_response(409, str(error))
+            return JSONResponse(
+                {
+                    "policy_version": version,
+                    "model": engine.served_model_name,
+                    "load_seconds": round(time.perf_counter() - started, 3),
+                },
+                headers={POLICY_VERSION_HEADER: str(version)},
+            )
+
+    return app
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal capture (it re-raises SIGTERM after shutdown, skipping our cleanup)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def serve(
+    model: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    max_batch_size: int = 32,
+    batch_window_ms: float = 5.0,
+    max_model_len: int | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    num_threads: int | None = None,
+    policy_version: int = 0,
+    log_level: str = "warning",
+) -> None:
+    """Load `model` and serve it until SIGINT/SIGTERM, then stop the engine."""
+    engine = await asyncio.to_thread(
+        Engine.from_name,
+        model,
+        max_batch_size=max_batch_size,
+        batch_window_ms=batch_window_ms,
+        max_model_len=max_model_len,
+        device=device,
+        dtype=dtype,
+        num_threads=num_threads,
+        policy_version=policy_version,
+    )
+    try:
+        app = create_app(engine)
+        server = _Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False))
+        running = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):  # not in the main thread
+                running.add_signal_handler(signum, lambda: setattr(server, "should_exit", True))
+        await server.serve()
+    finally:
+        await asyncio.to_thread(engine.close)
+
+
+def run(model: str, **kwargs: Any) -> None:
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(model, **kwargs))

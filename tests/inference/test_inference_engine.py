@@ -1,0 +1,333 @@
+"""The HF engine: token invariants, logprob semantics, sampling, stop conditions, batching, weight swaps."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from agentgym.inference.engine import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Engine,
+    EngineClosedError,
+    InvalidRequestError,
+    SamplingParams,
+    StaleVersionError,
+    WeightLoadError,
+    sample_tokens,
+)
+
+Rescore = Callable[[torch.nn.Module, list[int], list[int]], list[float]]
+TOLERANCE = 1e-4
+
+
+def prompt_of(engine: Engine, text: str) -> list[int]:
+    return list(engine.tokenizer.encode(text, add_special_tokens=False))
+
+
+async def greedy(engine: Engine, prompt: list[int], max_tokens: int = 8, **kwargs: object) -> list[int]:
+    out = await engine.generate(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, **kwargs))  # type: ignore[arg-type]
+    return out.samples[0].token_ids
+
+
+async def test_sampled_ids_and_raw_logprobs_match_a_rescoring_forward_pass(engine: Engine, rescore: Rescore) -> None:
+    prompt = prompt_of(engine, "The agent opens the door and")
+    for params in (
+        SamplingParams(max_tokens=10, temperature=1.0, seed=3),
+        SamplingParams(max_tokens=10, temperature=0.6, top_p=0.5, seed=4),  # reported logprobs stay unscaled
+        SamplingParams(max_tokens=10, temperature=0.0),
+    ):
+        out = await engine.generate(prompt, params)
+        [sample] = out.samples
+        assert len(sample.token_ids) == len(sample.logprobs) == 10
+        assert all(0 <= t < engine.vocab_size for t in sample.token_ids)
+        expected = rescore(engine.model, prompt, sample.token_ids)
+        assert max(abs(a - b) for a, b in zip(sample.logprobs, expected, strict=True)) < TOLERANCE
+        assert out.prompt_tokens == len(prompt)
+        assert out.completion_tokens == 10
+        assert sample.finish_reason == FINISH_LENGTH
+
+
+async def test_greedy_is_the_argmax_and_deterministic(engine: Engine) -> None:
+    prompt = prompt_of(engine, "Pick up the red ball")
+    first = await greedy(engine, prompt, 6)
+    assert first == await greedy(engine, prompt, 6)
+    ids = torch.tensor([prompt + first[:2]])
+    with torch.inference_mode():
+        logits = engine.model(input_ids=ids).logits[0]
+    assert int(logits[len(prompt) - 1].argmax()) == first[0]
+    assert int(logits[len(prompt) + 1].argmax()) == first[2]
+
+
+async def test_seeds_reproduce_and_differ(engine: Engine) -> None:
+    prompt = prompt_of(engine, "go to the green key")
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=11)
+    a = (await engine.generate(prompt, params)).samples[0].token_ids
+    b = (await engine.generate(prompt, params)).samples[0].token_ids
+    c = (await engine.generate(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=12))).samples[0].token_ids
+    assert a == b
+    assert a != c
+
+
+async def test_n_samples_are_independent_and_aligned(engine: Engine, rescore: Rescore) -> None:
+    prompt = prompt_of(engine, "craft 4 oak planks")
+    out = await engine.generate(prompt, SamplingParams(max_tokens=6, temperature=1.0, n=4, seed=5))
+    assert [s.index for s in out.samples] == [0, 1, 2, 3]
+    assert len({tuple(s.token_ids) for s in out.samples}) == 4
+    for sample in out.samples:
+        expected = rescore(engine.model, prompt, sample.token_ids)
+        assert max(abs(a - b) for a, b in zip(sample.logprobs, expected, strict=True)) < TOLERANCE
+    again = await engine.generate(prompt, SamplingParams(max_tokens=6, temperature=1.0, n=4, seed=5))
+    assert [s.token_ids for s in again.samples] == [s.token_ids for s in out.samples]
+
+
+async def test_stop_token_ids_end_the_sample_and_are_kept(engine: Engine) -> None:
+    prompt = prompt_of(engine, "inventory")
+    ids = await greedy(engine, prompt, 10)
+    stop = ids[3]
+    out = await engine.generate(prompt, SamplingParams(max_tokens=10, temperature=0.0, stop_token_ids=(stop,)))
+    [sample] = out.samples
+    cut = ids.index(stop) + 1
+    assert sample.token_ids == ids[:cut]
+    assert sample.finish_reason == FINISH_STOP
+    assert sample.stop_reason == stop
+
+
+async def test_eos_ends_the_sample_unless_ignored(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    prompt = prompt_of(engine, "look around")
+    ids = await greedy(engine, prompt, 8)
+    eos = ids[2]
+    monkeypatch.setattr(engine, "eos_token_ids", frozenset({eos}))
+    [sample] = (await engine.generate(prompt, SamplingParams(max_tokens=8, temperature=0.0))).samples
+    assert sample.token_ids == ids[: ids.index(eos) + 1]
+    assert (sample.finish_reason, sample.stop_reason) == (FINISH_STOP, None)
+    [ignored] = (await engine.generate(prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))).samples
+    assert ignored.token_ids == ids
+    assert ignored.finish_reason == FINISH_LENGTH
+
+
+async def test_stop_strings_cut_text_but_keep_the_sampled_ids(engine: Engine) -> None:
+    prompt = prompt_of(engine, "The answer is")
+    ids = await greedy(engine, prompt, 12)
+    tokenizer = engine.tokenizer
+    full_text = tokenizer.decode(ids, skip_special_tokens=True)
+    piece = next(
+        tokenizer.decode([t], skip_special_tokens=True).strip()
+        for t in ids[2:]
+        if tokenizer.decode([t], skip_special_tokens=True).strip()
+    )
+    stop = piece[: max(1, len(piece) // 2 + 1)]
+    # The first prefix of the sampled ids whose text contains the stop string.
+    cut = next(k for k in range(1, len(ids) + 1) if stop in tokenizer.decode(ids[:k], skip_special_tokens=True))
+    out = await engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0.0, stop=(stop, "\x00never")))
+    [sample] = out.samples
+    assert sample.token_ids == ids[:cut]
+    assert sample.text == full_text[: full_text.find(stop)]
+    assert sample.finish_reason == FINISH_STOP
+    assert sample.stop_reason == stop
+
+
+async def test_text_is_the_incremental_decoding_of_the_ids(engine: Engine) -> None:
+    prompt = prompt_of(engine, "café 日本語")
+    out = await engine.generate(prompt, SamplingParams(max_tokens=12, temperature=1.0, seed=2))
+    [sample] = out.samples
+    assert sample.text == engine.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+
+
+async def test_concurrent_requests_share_forward_passes(engine: Engine) -> None:
+    prompts = [prompt_of(engine, "step " * (i + 1)) for i in range(12)]
+    before = (engine.stats.prefill_batches, engine.stats.decode_steps, engine.stats.requests)
+    outs = await asyncio.gather(
+        *(engine.generate(p, SamplingParams(max_tokens=6, temperature=1.0, seed=i)) for i, p in enumerate(prompts))
+    )
+    prefills = engine.stats.prefill_batches - before[0]
+    decodes = engine.stats.decode_steps - before[1]
+    assert engine.stats.requests - before[2] == 12
+    assert all(len(o.samples[0].token_ids) == 6 for o in outs)
+    assert prefills < 12  # served in fewer forward batches than requests
+    assert decodes < 12 * 5  # one-at-a-time would need 5 decode steps per request
+    assert engine.stats.max_running > 1
+
+
+async def test_batched_and_staggered_results_equal_solo_results(engine: Engine, rescore: Rescore) -> None:
+    prompts = [prompt_of(engine, "go " * (2 * i + 1)) for i in range(5)]
+    solo = [await greedy(engine, p, 8) for p in prompts]
+
+    async def later(i: int, prompt: list[int]) -> list[int]:
+        await asyncio.sleep(0.05 * i)  # join a running batch at different decode steps
+        return await greedy(engine, prompt, 8)
+
+    staggered = await asyncio.gather(*(later(i, p) for i, p in enumerate(prompts)))
+    batched = await asyncio.gather(*(greedy(engine, p, 8) for p in prompts))
+    assert staggered == solo
+    assert batched == solo
+    seeded = await asyncio.gather(
+        *(engine.generate(p, SamplingParams(max_tokens=8, temperature=1.0, seed=7)) for p in prompts)
+    )
+    for prompt, out in zip(prompts, seeded, strict=True):
+        sample = out.samples[0]
+        expected = rescore(engine.model, prompt, sample.token_ids)
+        assert max(abs(a - b) for a, b in zip(sample.logprobs, expected, strict=True)) < TOLERANCE
+        alone = await engine.generate(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=7))
+        assert alone.samples[0].token_ids == sample.token_ids  # same seed, same draws, batched or not
+
+
+async def test_top_logprobs_are_the_most_likely_raw_tokens(engine: Engine) -> None:
+    prompt = prompt_of(engine, "toggle")
+    out = await engine.generate(prompt, SamplingParams(max_tokens=3, temperature=0.0, top_logprobs=3))
+    [sample] = out.samples
+    assert sample.top_logprobs is not None and len(sample.top_logprobs) == 3
+    for token, logprob, top in zip(sample.token_ids, sample.logprobs, sample.top_logprobs, strict=True):
+        assert top[token] == pytest.approx(logprob)
+        assert max(top.values()) == pytest.approx(logprob)  # greedy picked the most likely token
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "message"),
+    [
+        ([], SamplingParams(), "empty"),
+        ([1] * 8190, SamplingParams(max_tokens=10), "context"),
+        ([1, 2], SamplingParams(n=0), "n must be"),
+        ([1, 2], SamplingParams(n=17), "n must be"),
+        ([1, 2], SamplingParams(max_tokens=0), "max_tokens"),
+        ([1, 2], SamplingParams(temperature=-1), "temperature"),
+        ([1, 2], SamplingParams(top_p=0), "top_p"),
+        ([1, 99_999], SamplingParams(), "vocabulary"),
+        ([1, 2], SamplingParams(stop_token_ids=(-3,)), "stop_token_ids"),
+    ],
+)
+async def test_invalid_requests_are_rejected(
+    engine: Engine, prompt: list[int], params: SamplingParams, message: str
+) -> None:
+    with pytest.raises(InvalidRequestError, match=message):
+        await engine.generate(prompt, params)
+
+
+async def test_weight_swap_changes_outputs_and_version(
+    fresh_engine: Engine, other_tiny_dir: Path, rescore: Rescore
+) -> None:
+    engine = fresh_engine
+    prompt = prompt_of(engine, "open the door")
+    before = await engine.generate(prompt, SamplingParams(max_tokens=8, temperature=0.0))
+    old_model = engine.model
+
+    # A long request is running while the new weights load: it finishes on the old weights.
+    steps = engine.stats.decode_steps
+    running = asyncio.ensure_future(engine.generate(prompt, SamplingParams(max_tokens=40, temperature=0.0)))
+    while engine.stats.decode_steps <= steps:
+        await asyncio.sleep(0.01)
+    assert not running.done()
+    assert await engine.load_weights(str(other_tiny_dir), 1) == 1
+    assert running.done()  # the swap waited for the running batch
+    in_flight = await running
+    assert in_flight.policy_version == 0
+    assert in_flight.samples[0].token_ids[:8] == before.samples[0].token_ids
+    expected = rescore(old_model, prompt, in_flight.samples[0].token_ids)
+    assert max(abs(a - b) for a, b in zip(in_flight.samples[0].logprobs, expected, strict=True)) < TOLERANCE
+
+    after = await engine.generate(prompt, SamplingParams(max_tokens=8, temperature=0.0))
+    assert engine.policy_version == after.policy_version == 1
+    assert after.samples[0].token_ids != before.samples[0].token_ids
+    expected = rescore(engine.model, prompt, after.samples[0].token_ids)
+    assert max(abs(a - b) for a, b in zip(after.samples[0].logprobs, expected, strict=True)) < TOLERANCE
+    assert engine.metrics.registry.get_sample_value("agentgym_inference_policy_version") == 1
+
+
+async def test_bad_weights_keep_the_old_ones_serving(fresh_engine: Engine, tmp_path: Path) -> None:
+    engine = fresh_engine
+    prompt = prompt_of(engine, "open the door")
+    before = await greedy(engine, prompt, 6)
+    wrong = {"model.embed_tokens.weight": torch.zeros(10, 4)}
+    save_file(wrong, str(tmp_path / "wrong.safetensors"))
+    (tmp_path / "not-a-model").mkdir()
+    for uri in (str(tmp_path / "missing"), str(tmp_path / "not-a-model"), f"file://{tmp_path}/wrong.safetensors"):
+        with pytest.raises(WeightLoadError):
+            await engine.load_weights(uri, 1)
+    assert engine.policy_version == 0
+    assert await greedy(engine, prompt, 6) == before
+
+
+async def test_state_dict_files_load_and_stale_versions_are_refused(
+    fresh_engine: Engine, other_tiny_dir: Path, tmp_path: Path
+) -> None:
+    engine = fresh_engine
+    prompt = prompt_of(engine, "open the door")
+    from transformers import AutoModelForCausalLM
+
+    other = AutoModelForCausalLM.from_pretrained(str(other_tiny_dir))
+    state = {k: v.contiguous() for k, v in other.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, str(tmp_path / "step-3.safetensors"))
+    expected = await greedy(engine, prompt, 6)
+    assert await engine.load_weights(f"file://{tmp_path}/step-3.safetensors", 3) == 3
+    changed = await greedy(engine, prompt, 6)
+    assert changed != expected
+    with pytest.raises(StaleVersionError):
+        await engine.load_weights(f"file://{tmp_path}/step-3.safetensors", 2)
+    assert engine.policy_version == 3
+    torch.save(state, tmp_path / "step-4.pt")
+    assert await engine.load_weights(str(tmp_path / "step-4.pt"), 4) == 4
+    assert await greedy(engine, prompt, 6) == changed
+
+
+async def test_a_cancelled_request_leaves_the_batch(engine: Engine) -> None:
+    prompt = prompt_of(engine, "wait")
+    task = asyncio.ensure_future(engine.generate(prompt, SamplingParams(max_tokens=200, temperature=0.0)))
+    steps = engine.stats.decode_steps
+    while engine.stats.decode_steps < steps + 2:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    out = await engine.generate(prompt, SamplingParams(max_tokens=3, temperature=0.0))
+    assert len(out.samples[0].token_ids) == 3
+    assert engine.stats.decode_steps < steps + 100
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_p", "expected"),
+    [
+        (1.0, 1.0, [0.5, 0.3, 0.2]),
+        (0.5, 1.0, [25 / 38, 9 / 38, 4 / 38]),  # p^(1/T), renormalised
+        (1.0, 0.75, [0.625, 0.375, 0.0]),  # the nucleus {0, 1} reaches 0.8 >= 0.75
+        (1.0, 0.4, [1.0, 0.0, 0.0]),
+    ],
+)
+def test_sampler_draws_from_the_tempered_nucleus(temperature: float, top_p: float, expected: list[float]) -> None:
+    draws = 4000
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]])).repeat(draws, 1)
+    generators = [torch.Generator().manual_seed(i) for i in range(draws)]
+    tokens = sample_tokens(logits, [temperature] * draws, [top_p] * draws, generators)
+    frequencies = torch.bincount(tokens, minlength=3).float() / draws
+    assert frequencies.tolist() == pytest.approx(expected, abs=0.03)
+    again = sample_tokens(
+        logits, [temperature] * draws, [top_p] * draws, [torch.Generator().manual_seed(i) for i in range(draws)]
+    )
+    assert torch.equal(tokens, again)
+
+
+async def test_a_tiny_nucleus_or_temperature_is_greedy(engine: Engine) -> None:
+    prompt = prompt_of(engine, "move forward")
+    expected = await greedy(engine, prompt, 6)
+    for params in (
+        SamplingParams(max_tokens=6, temperature=1.0, top_p=1e-6, seed=1),
+        SamplingParams(max_tokens=6, temperature=1e-5, seed=2),
+    ):
+        assert (await engine.generate(prompt, params)).samples[0].token_ids == expected
+
+
+async def test_closing_fails_pending_requests_and_refuses_new_ones(fresh_engine: Engine) -> None:
+    engine = fresh_engine
+    steps = engine.stats.decode_steps
+    running = asyncio.ensure_future(engine.generate([1, 2, 3], SamplingParams(max_tokens=500, temperature=0.0)))
+    while engine.stats.decode_steps <= steps:
+        await asyncio.sleep(0.01)
+    await asyncio.to_thread(engine.close)
+    with pytest.raises(EngineClosedError):
+        await running
+    with pytest.raises(EngineClosedError):
+        await engine.generate([1, 2, 3], SamplingParams(max_tokens=2))

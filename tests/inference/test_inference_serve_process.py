@@ -1,0 +1,43 @@
+"""`agentgym inference serve` as a real process: it serves, and exits cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentgym.inference.client import CompletionClient
+from agentgym.messaging import free_port
+
+
+@pytest.mark.slow
+async def test_serve_command_serves_and_stops_on_sigterm(tiny_dir: Path) -> None:
+    port = free_port()
+    cmd = [sys.executable, "-m", "agentgym.cli", "inference", "serve", "--model", str(tiny_dir), "--port", str(port)]
+    process = subprocess.Popen(
+        [*cmd, "--threads", "1", "--max-batch-size", "8", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        async with CompletionClient(f"http://127.0.0.1:{port}", timeout=30) as client:
+            deadline = time.monotonic() + 120
+            while not await client.health():
+                assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
+                assert time.monotonic() < deadline, "the server did not become healthy"
+                await asyncio.sleep(0.2)
+            [completion] = await client.complete([1, 2, 3], max_tokens=3, temperature=0.0)
+            assert len(completion.token_ids) == 3 and completion.policy_version == 0
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        if process.stderr:
+            process.stderr.close()
