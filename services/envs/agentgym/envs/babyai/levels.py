@@ -1,0 +1,191 @@
+"""The BabyAI task catalog: 40 minigrid levels x seeds, split into train and test.
+
+A task is one (level, seed) pair: minigrid's level generators are deterministic given the seed,
+so the task id alone pins the whole episode layout. Ids read ``<Level>/s<seed>``, e.g.
+``GoToRedBall/s1000003``. The split is a function of the seed alone: test seeds are
+``0 .. TEST_PER_LEVEL - 1`` and train seeds start at ``TRAIN_SEED_START``, so the two splits
+can never share a layout.
+
+Within a split, index ``i`` is level ``LEVELS[i % 40]`` with the ``i // 40``-th seed of that
+split, so any prefix of a split (``task_ids("test", limit=200)``) covers all levels evenly.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from agentgym.envs.base import TaskCatalog, UnknownTaskError
+
+# The level set of AgentGym's BabyAI environment (agentenv-babyai, 40 levels), adjusted where
+# minigrid 3.2 or the BabyAI bot demands it:
+#   - the three *Debug variants AgentGym used (OpenRedBlueDoorsDebug, OpenDoorsOrderN4Debug,
+#     PickupDistDebug) are replaced by their regular versions;
+#   - KeyInBox and PutNextS7N4Carrying, which minigrid's BabyAIBot cannot solve, are replaced by
+#     UnlockPickup and PutNextS7N4, and UnlockToUnlock, where the bot loops forever on about a
+#     quarter of the layouts, by UnlockLocal;
+#   - GoToObjS6 is registered as ``-v1`` in minigrid 3.2.
+LEVELS: tuple[str, ...] = (
+    "GoToRedBallGrey",
+    "GoToRedBall",
+    "GoToRedBallNoDists",
+    "GoToObjS6",
+    "GoToLocalS8N7",
+    "GoToObjMazeS7",
+    "GoToImpUnlock",
+    "GoToSeqS5R2",
+    "GoToRedBlueBall",
+    "GoToDoor",
+    "GoToObjDoor",
+    "Open",
+    "OpenRedDoor",
+    "OpenDoorLoc",
+    "OpenRedBlueDoors",
+    "OpenDoorsOrderN4",
+    "Pickup",
+    "UnblockPickup",
+    "PickupLoc",
+    "PickupDist",
+    "PickupAbove",
+    "PutNextLocalS6N4",
+    "PutNextS7N4",
+    "Unlock",
+    "UnlockLocalDist",
+    "UnlockPickup",
+    "UnlockPickupDist",
+    "BlockedUnlockPickup",
+    "UnlockLocal",
+    "ActionObjDoor",
+    "FindObjS7",
+    "KeyCorridorS6R3",
+    "OneRoomS20",
+    "MoveTwoAcrossS8N9",
+    "SynthS5R2",
+    "SynthLoc",
+    "SynthSeq",
+    "MiniBossLevel",
+    "BossLevel",
+    "BossLevelNoUnlock",
+)
+
+# Levels whose current gymnasium id is not ``-v0``.
+_GYM_VERSIONS: dict[str, int] = {"GoToObjS6": 1}
+
+TEST_PER_LEVEL = 25
+TRAIN_PER_LEVEL = 1000
+TEST_SEED_START = 0
+TRAIN_SEED_START = 1_000_000
+
+_SPLIT_SEEDS: dict[str, tuple[int, int]] = {
+    # split -> (first seed, seeds per level)
+    "train": (TRAIN_SEED_START, TRAIN_PER_LEVEL),
+    "test": (TEST_SEED_START, TEST_PER_LEVEL),
+}
+
+_LEVEL_INDEX: dict[str, int] = {level: i for i, level in enumerate(LEVELS)}
+_TASK_ID_RE = re.compile(r"^(?P<level>[A-Za-z0-9]+)/s(?P<seed>0|[1-9][0-9]*)$")
+
+
+def gym_id(level: str) -> str:
+    """The gymnasium id of a catalog level, e.g. ``BabyAI-GoToRedBall-v0``."""
+    if level not in _LEVEL_INDEX:
+        raise UnknownTaskError(f"unknown BabyAI level {level!r}")
+    return f"BabyAI-{level}-v{_GYM_VERSIONS.get(level, 0)}"
+
+
+@dataclass(frozen=True)
+class BabyAITask:
+    """One catalog task: a level, a seed, and the split that seed belongs to."""
+
+    level: str
+    seed: int
+    split: str
+
+    @property
+    def task_id(self) -> str:
+        return f"{self.level}/s{self.seed}"
+
+    @property
+    def gym_id(self) -> str:
+        return gym_id(self.level)
+
+
+def _split_of_seed(seed: int) -> str | None:
+    for split, (first, count) in _SPLIT_SEEDS.items():
+        if first <= seed < first + count:
+            return split
+    return None
+
+
+def parse_task_id(task_id: str) -> BabyAITask:
+    """The task named by `task_id`. Raises UnknownTaskError for anything not in the catalog."""
+    match = _TASK_ID_RE.match(task_id) if isinstance(task_id, str) else None
+    if match is None:
+        raise UnknownTaskError(
+            f"malformed BabyAI task id {task_id!r}; expected '<Level>/s<seed>', e.g. 'GoToRedBall/s0'"
+        )
+    level, seed = match["level"], int(match["seed"])
+    if level not in _LEVEL_INDEX:
+        raise UnknownTaskError(f"unknown BabyAI level {level!r} in task id {task_id!r}")
+    split = _split_of_seed(seed)
+    if split is None:
+        ranges = ", ".join(f"{name}: {first}..{first + count - 1}" for name, (first, count) in _SPLIT_SEEDS.items())
+        raise UnknownTaskError(f"seed {seed} of task id {task_id!r} is in no split ({ranges})")
+    return BabyAITask(level=level, seed=seed, split=split)
+
+
+class BabyAICatalog(TaskCatalog):
+    """Tasks ``<Level>/s<seed>``: 40 levels x (1000 train + 25 test) seeds."""
+
+    def splits(self) -> dict[str, int]:
+        return {split: count * len(LEVELS) for split, (_, count) in _SPLIT_SEEDS.items()}
+
+    def task(self, split: str, index: int) -> BabyAITask:
+        """The `index`-th task of `split` (levels interleaved, then seeds ascending)."""
+        self._check_split_index(split, index)
+        first, _ = _SPLIT_SEEDS[split]
+        level_index, seed_offset = index % len(LEVELS), index // len(LEVELS)
+        return BabyAITask(level=LEVELS[level_index], seed=first + seed_offset, split=split)
+
+    def task_id(self, split: str, index: int) -> str:
+        return self.task(split, index).task_id
+
+    def index_of(self, task_id: str) -> int:
+        """Inverse of `task_id`: the index of `task_id` within its split."""
+        task = parse_task_id(task_id)
+        first, _ = _SPLIT_SEEDS[task.split]
+        return (task.seed - first) * len(LEVELS) + _LEVEL_INDEX[task.level]
+
+    def describe(self, task_id: str) -> dict[str, Any]:
+        """Split, level, gym id, seed, plus the mission and step limit (generates the level: ~ms)."""
+        # Imported here so that listing tasks does not need minigrid loaded.
+        from agentgym.envs.babyai.engine import generate_level
+
+        task = parse_task_id(task_id)
+        level_env, _ = generate_level(task.level, task.seed)
+        return {
+            "task_id": task.task_id,
+            "split": task.split,
+            "index": self.index_of(task_id),
+            "level": task.level,
+            "gym_id": task.gym_id,
+            "seed": task.seed,
+            "mission": level_env.mission,
+            "max_steps": level_env.max_steps,
+            "grid_size": [level_env.width, level_env.height],
+        }
+
+
+_catalog: BabyAICatalog | None = None
+_catalog_lock = threading.Lock()
+
+
+def catalog() -> BabyAICatalog:
+    """The process-wide catalog (immutable, built once)."""
+    global _catalog
+    with _catalog_lock:
+        if _catalog is None:
+            _catalog = BabyAICatalog()
+        return _catalog
