@@ -19,7 +19,6 @@ import nats
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from agentgym.messaging import RunChannels, decode_message, publish_message
@@ -129,21 +128,32 @@ class RolloutWorker:
             await message.nak(delay=5)
             return
         heartbeat = asyncio.create_task(self._keep_alive(message))
-        token = otel_context.attach(extract_context(dict(message.headers or {})))
+        parent = extract_context(dict(message.headers or {}))
         try:
-            trajectory = await run_episode(
-                request,
-                env,
-                self.policy,
-                self.chat,
-                template_for(request.environment),
-                self.config.settings,
-                self.tracer,
-            )
-            headers = inject_context()
-            await publish_message(
-                js, self.channels.trajectories_subject, trajectory, msg_id=trajectory.trajectory_id, headers=headers
-            )
+            # One consumer span per request (child of the trainer's publish span when it sent one); the
+            # episode's spans hang below it and the trajectory carries its context on to the trainer.
+            with self.tracer.start_as_current_span(
+                "process rollout_request",
+                context=parent,
+                kind=trace.SpanKind.CONSUMER,
+                attributes={"messaging.system": "nats", "agentgym.request_id": request.request_id},
+            ):
+                trajectory = await run_episode(
+                    request,
+                    env,
+                    self.policy,
+                    self.chat,
+                    template_for(request.environment),
+                    self.config.settings,
+                    self.tracer,
+                )
+                await publish_message(
+                    js,
+                    self.channels.trajectories_subject,
+                    trajectory,
+                    msg_id=trajectory.trajectory_id,
+                    headers=inject_context(),
+                )
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
                 await message.nak()
@@ -154,7 +164,6 @@ class RolloutWorker:
                 await message.nak(delay=1)
             return
         finally:
-            otel_context.detach(token)
             heartbeat.cancel()
         await message.ack()
         self.stats.published += 1
