@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -31,6 +31,8 @@ model_app = typer.Typer(
 inference_app = typer.Typer(help="Policy serving: the OpenAI-compatible HF engine.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.add_typer(inference_app, name="inference")
+rollout_app = typer.Typer(help="Rollout workers: the multi-turn agent loop.", no_args_is_help=True)
+app.add_typer(rollout_app, name="rollout")
 app.add_typer(retriever_app, name="retriever")
 
 console = Console()
@@ -300,6 +302,72 @@ def model_tiny(
     except ModelError as error:
         raise _fail(str(error)) from None
     console.print(f"wrote {path}")
+
+
+@rollout_app.command("worker")
+def rollout_worker(
+    run: Annotated[str, typer.Option(help="TrainingRun name (selects the NATS streams)")],
+    nats_url: Annotated[str, typer.Option(help="NATS server, e.g. nats://127.0.0.1:4222")],
+    inference_url: Annotated[str, typer.Option(help="Completions server (our HF engine or vLLM)")],
+    env_url: Annotated[list[str], typer.Option(help="Environment service NAME=URL (repeatable)")],
+    tokenizer: Annotated[str, typer.Option(help="Tokenizer / model folder, or builtin:tiny")] = "builtin:tiny",
+    engine: Annotated[Literal["hf", "vllm"], typer.Option(help="hf or vllm")] = "hf",
+    concurrency: Annotated[int, typer.Option(min=1, help="Episodes in flight")] = 32,
+    max_context_tokens: Annotated[int, typer.Option(min=64)] = 4096,
+    log_level: str = "info",
+) -> None:
+    """Pull RolloutRequests, play episodes, publish Trajectories (ack after publish). Stops on SIGTERM/SIGINT."""
+    import asyncio
+    import signal
+
+    from agentgym.envs.client import AsyncEnvClient
+    from agentgym.inference.client import CompletionClient
+    from agentgym.inference.models import load_tokenizer, resolve_model
+    from agentgym.rollout.episode import EpisodeSettings
+    from agentgym.rollout.policy import InferencePolicy
+    from agentgym.rollout.tokens import ChatTokenizer
+    from agentgym.rollout.worker import RolloutWorker, WorkerConfig
+    from agentgym.telemetry import setup_telemetry
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    urls: dict[str, str] = {}
+    for pair in env_url:
+        name, sep, url = pair.partition("=")
+        if not sep or not name or not url:
+            raise _fail(f"--env-url expects NAME=URL, got {pair!r}")
+        urls[name] = url
+    try:
+        chat = ChatTokenizer(load_tokenizer(resolve_model(tokenizer)))
+    except Exception as error:
+        raise _fail(f"cannot load tokenizer {tokenizer!r}: {error}") from None
+    telemetry = setup_telemetry("agentgym-rollout")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        async with CompletionClient(inference_url, engine=engine) as client:
+            environments = {name: AsyncEnvClient(url, max_connections=concurrency) for name, url in urls.items()}
+            try:
+                config = WorkerConfig(
+                    run=run,
+                    nats_url=nats_url,
+                    concurrency=concurrency,
+                    settings=EpisodeSettings(max_context_tokens=max_context_tokens),
+                )
+                worker = RolloutWorker(
+                    config, InferencePolicy(client), chat, environments, telemetry.tracer("agentgym.rollout")
+                )
+                await worker.run(stop)
+            finally:
+                for env in environments.values():
+                    await env.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        telemetry.shutdown()
 
 
 @inference_app.command("serve")
