@@ -98,3 +98,36 @@ async def test_republished_trajectory_is_deduplicated(nats_server: EmbeddedNats)
         await publish_message(js, channels.trajectories_subject, trajectory, msg_id=trajectory.trajectory_id)
     assert (await js.stream_info(channels.trajectories_stream)).state.messages == 1
     await nc.close()
+
+
+async def test_episodes_wait_until_inference_serves_the_requested_version(
+    nats_server: EmbeddedNats, inference_url: str, babyai_url: str, chat: ChatTokenizer, tiny_dir: Path
+) -> None:
+    run = "version-gate"
+    channels = RunChannels(run)
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await ensure_run_streams(js, channels)
+    async with CompletionClient(inference_url) as client, AsyncEnvClient(babyai_url) as env:
+        served = await client.policy_version()
+        ahead = rollout_request(run, 1)
+        ahead.policy_version = served + 1
+        await publish_message(js, channels.requests_subject, ahead)
+        worker = RolloutWorker(
+            WorkerConfig(run=run, nats_url=nats_server.url, concurrency=2),
+            InferencePolicy(client),
+            chat,
+            {"babyai": env},
+        )
+        stop = asyncio.Event()
+        running = asyncio.create_task(worker.run(stop))
+        trajectories = await js.pull_subscribe(channels.trajectories_subject, durable="check")
+        with pytest.raises(nats.errors.TimeoutError):
+            await trajectories.fetch(1, timeout=1.5)  # not before the new weights are served
+        await client.load_weights(str(tiny_dir), served + 1)
+        [message] = await trajectories.fetch(1, timeout=60)
+        trajectory = decode_message(message.data, rl_pb2.Trajectory)
+        assert trajectory.policy_version == served + 1 and trajectory.termination == rl_pb2.TERMINATION_HORIZON
+        stop.set()
+        await asyncio.wait_for(running, 30)
+    await nc.close()

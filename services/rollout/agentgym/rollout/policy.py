@@ -39,3 +39,10 @@ class InferencePolicy:
             finish_reason=completion.finish_reason,
             policy_version=completion.policy_version,
         )
+
+    async def served_version(self) -> int:
+        """The policy version the server currently serves."""
+        try:
+            return await self.client.policy_version()
+        except InferenceError as error:
+            raise PolicyError(f"inference: {error}", transient=error.transient) from error

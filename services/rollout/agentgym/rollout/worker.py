@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import nats
 from nats.aio.msg import Msg
@@ -23,7 +24,7 @@ from opentelemetry import trace
 
 from agentgym.messaging import RunChannels, decode_message, publish_message
 from agentgym.proto import rl_pb2
-from agentgym.rollout.episode import EnvSession, EpisodeSettings, Policy, run_episode, trajectory_summary
+from agentgym.rollout.episode import EnvSession, EpisodeSettings, Policy, PolicyError, run_episode, trajectory_summary
 from agentgym.rollout.prompts import template_for
 from agentgym.rollout.tokens import ChatTokenizer
 from agentgym.telemetry import extract_context, inject_context
@@ -40,11 +41,17 @@ class WorkerStats:
     by_termination: dict[str, int] = field(default_factory=dict)
 
 
+class VersionedPolicy(Policy, Protocol):
+    async def served_version(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     run: str
     nats_url: str
     concurrency: int = 32
+    # On-policy: an episode starts only once inference serves at least the request's policy version.
+    version_wait_s: float = 600.0
     ack_wait_s: float = 120.0
     shutdown_grace_s: float = 30.0
     durable: str = "rollout-workers"
@@ -55,7 +62,7 @@ class RolloutWorker:
     def __init__(
         self,
         config: WorkerConfig,
-        policy: Policy,
+        policy: VersionedPolicy,
         chat: ChatTokenizer,
         environments: Mapping[str, EnvSession],
         tracer: trace.Tracer | None = None,
@@ -68,6 +75,26 @@ class RolloutWorker:
         self.channels = RunChannels(config.run)
         self.stats = WorkerStats()
         self._inflight: set[asyncio.Task[None]] = set()
+        self._served_version = -1
+        self._version_lock = asyncio.Lock()
+
+    async def wait_for_version(self, version: int) -> None:
+        """Return once inference serves `version` or newer; TimeoutError after `version_wait_s`."""
+        if self._served_version >= version:
+            return
+        deadline = asyncio.get_running_loop().time() + self.config.version_wait_s
+        delay = 0.05
+        while True:
+            async with self._version_lock:  # one poller for all episodes waiting on the same update
+                if self._served_version < version:
+                    with contextlib.suppress(PolicyError):
+                        self._served_version = max(self._served_version, await self.policy.served_version())
+            if self._served_version >= version:
+                return
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"inference still serves policy version {self._served_version} < {version}")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve requests until `stop` is set, then shut down gracefully."""
@@ -130,6 +157,7 @@ class RolloutWorker:
         heartbeat = asyncio.create_task(self._keep_alive(message))
         parent = extract_context(dict(message.headers or {}))
         try:
+            await self.wait_for_version(request.policy_version)
             # One consumer span per request (child of the trainer's publish span when it sent one); the
             # episode's spans hang below it and the trajectory carries its context on to the trainer.
             with self.tracer.start_as_current_span(
@@ -158,8 +186,8 @@ class RolloutWorker:
             with contextlib.suppress(Exception):
                 await message.nak()
             raise
-        except Exception as error:  # publishing failed: leave it for redelivery
-            log.warning("could not publish trajectory for %s: %s", request.request_id, error)
+        except Exception as error:  # version wait or publishing failed: leave it for redelivery
+            log.warning("request %s not completed, handing it back: %s", request.request_id, error)
             with contextlib.suppress(Exception):
                 await message.nak(delay=1)
             return
