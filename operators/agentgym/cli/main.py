@@ -66,6 +66,66 @@ def version() -> None:
     console.print(dist_version("agentgym-platform"))
 
 
+@app.command("run")
+def run_command(
+    spec: Annotated[Path, typer.Argument(help="TrainingRun YAML (the same schema as the cluster's CRD)")],
+    run_dir: Annotated[Path | None, typer.Option(help="Run directory (default: runs/<metadata.name>)")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --run-dir from its checkpoint")] = False,
+    live: Annotated[bool, typer.Option(help="Live panel on a terminal")] = True,
+) -> None:
+    """Run a TrainingRun on this machine: embedded NATS, env services, CPU inference, rollout, trainer."""
+    import asyncio
+    import signal
+
+    from rich.live import Live
+
+    from agentgym.local.live import Progress
+    from agentgym.local.runner import LocalRunner
+    from agentgym.spec import SpecError, load_training_run
+
+    try:
+        run = load_training_run(spec)  # a bad spec is rejected before anything starts
+    except SpecError as error:
+        err_console.print(f"[bold red]invalid TrainingRun[/] {spec}:")
+        for line in error.errors:
+            err_console.print(f"  {line}")
+        raise typer.Exit(2) from None
+    if run.spec.inference.engine != "hf":
+        raise _fail("spec.inference.engine: vllm needs GPUs in a cluster; use engine: hf for `agentgym run`")
+    directory = run_dir or Path("runs") / run.metadata.name
+    if resume and not (directory / "spec.yaml").exists():
+        raise _fail(f"--resume: {directory} holds no run (no spec.yaml)")
+    if not resume and (directory / "checkpoints").exists() and any((directory / "checkpoints").iterdir()):
+        raise _fail(f"{directory} already holds a run; pass --resume to continue it or choose another --run-dir")
+    directory.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=[logging.FileHandler(directory / "runner.log")],
+    )
+    runner = LocalRunner(run, directory, resume=resume)
+    progress = Progress(run.metadata.name, run.spec.trainer.total_steps, console, directory / "steps.log")
+    runner.status.listeners.append(progress.update)
+    console.print(f"[bold]agentgym run[/] {run.metadata.name} -> {directory}  (logs: {directory / 'logs'})")
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        return await runner.run_until_done(stop)
+
+    if live and console.is_terminal:
+        with Live(console=console, refresh_per_second=2) as panel:
+            progress.live = panel
+            code = asyncio.run(main())
+    else:
+        code = asyncio.run(main())
+    status = runner.status.status
+    console.print(f"[bold]{status.phase}[/] at step {status.step}; status: {directory / 'status.json'}")
+    raise typer.Exit(code)
+
+
 @env_app.command("list")
 def env_list() -> None:
     """Environment kinds this installation knows."""

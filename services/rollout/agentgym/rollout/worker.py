@@ -53,7 +53,7 @@ class WorkerConfig:
     # On-policy: an episode starts only once inference serves at least the request's policy version.
     version_wait_s: float = 600.0
     ack_wait_s: float = 120.0
-    shutdown_grace_s: float = 30.0
+    shutdown_grace_s: float = 10.0
     durable: str = "rollout-workers"
     settings: EpisodeSettings = field(default_factory=EpisodeSettings)
 

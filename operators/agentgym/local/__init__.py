@@ -1,0 +1,1 @@
+"""`agentgym run`: a TrainingRun reconciled onto local processes (embedded NATS, CPU engine)."""

@@ -1,0 +1,156 @@
+"""Supervised local processes: started in order, health-checked, restarted when they crash, stopped cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ProcessSpec:
+    name: str
+    argv: list[str]
+    health_url: str | None = None
+    ready_timeout_s: float = 120.0
+    restart: bool = True
+    max_restarts: int = 5
+    # Exit code 0 means "finished" (the trainer at its last step), not a crash.
+    done_on_success: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ManagedProcess:
+    spec: ProcessSpec
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    started_at: float
+    restarts: int = 0
+    finished: bool = False
+
+
+class ProcessFailedError(RuntimeError):
+    pass
+
+
+class Supervisor:
+    """Runs `ProcessSpec`s with logs under `log_dir`, records restarts in `events_path` (JSON lines)."""
+
+    def __init__(self, log_dir: Path, events_path: Path, on_event: Callable[[dict[str, object]], None] | None = None):
+        self.log_dir = log_dir
+        self.events_path = events_path
+        self.on_event = on_event
+        self.processes: dict[str, ManagedProcess] = {}
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    def event(self, kind: str, name: str, **details: object) -> None:
+        record: dict[str, object] = {"time": time.time(), "event": kind, "process": name, **details}
+        with self.events_path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if self.on_event:
+            self.on_event(record)
+
+    def _spawn(self, spec: ProcessSpec) -> tuple[subprocess.Popen[bytes], Path]:
+        log_path = self.log_dir / f"{spec.name}.log"
+        handle = log_path.open("ab")
+        environment = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
+        # A new session: Ctrl-C in the terminal reaches the runner only, which stops children in order.
+        process = subprocess.Popen(
+            spec.argv, stdout=handle, stderr=subprocess.STDOUT, env=environment, start_new_session=True
+        )
+        handle.close()
+        return process, log_path
+
+    async def start(self, spec: ProcessSpec) -> ManagedProcess:
+        process, log_path = self._spawn(spec)
+        managed = ManagedProcess(spec, process, log_path, started_at=time.time())
+        self.processes[spec.name] = managed
+        self.event("started", spec.name, pid=process.pid)
+        await self.wait_healthy(managed)
+        return managed
+
+    async def wait_healthy(self, managed: ManagedProcess) -> None:
+        spec = managed.spec
+        if spec.health_url is None:
+            return
+        deadline = time.monotonic() + spec.ready_timeout_s
+        async with httpx.AsyncClient(timeout=2) as client:
+            while True:
+                if managed.process.poll() is not None:
+                    raise ProcessFailedError(
+                        f"{spec.name} exited with code {managed.process.returncode} while starting; "
+                        f"last log lines:\n{tail(managed.log_path)}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(spec.health_url)).status_code == 200:
+                        return
+                if time.monotonic() > deadline:
+                    raise ProcessFailedError(f"{spec.name} not healthy within {spec.ready_timeout_s:.0f}s")
+                await asyncio.sleep(0.2)
+
+    async def watch(self, stop: asyncio.Event, poll_s: float = 0.5) -> None:
+        """Restart crashed processes until `stop`; raises ProcessFailedError past a process's restart budget."""
+        while not stop.is_set():
+            for managed in list(self.processes.values()):
+                code = managed.process.poll()
+                if code is None or managed.finished:
+                    continue
+                spec = managed.spec
+                if code == 0 and spec.done_on_success:
+                    managed.finished = True
+                    self.event("finished", spec.name)
+                    continue
+                self.event("crashed", spec.name, exit_code=code, restarts=managed.restarts)
+                log.warning("%s exited with code %s; last log lines:\n%s", spec.name, code, tail(managed.log_path))
+                if not spec.restart or managed.restarts >= spec.max_restarts:
+                    raise ProcessFailedError(f"{spec.name} exited with code {code} (restarts: {managed.restarts})")
+                await asyncio.sleep(min(2**managed.restarts, 10))
+                managed.process, managed.log_path = self._spawn(spec)
+                managed.restarts += 1
+                managed.started_at = time.time()
+                self.event("restarted", spec.name, pid=managed.process.pid, restarts=managed.restarts)
+                await self.wait_healthy(managed)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), poll_s)
+
+    def finished(self, name: str) -> bool:
+        managed = self.processes.get(name)
+        return managed is not None and managed.finished
+
+    def stop_all(self, order: list[str] | None = None, timeout_s: float = 30.0) -> None:
+        """SIGTERM in `order` (default: reverse start order), wait, then SIGKILL what is left."""
+        names = order or list(reversed(self.processes))
+        for name in names:
+            managed = self.processes.get(name)
+            if managed is None or managed.process.poll() is not None:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                managed.process.send_signal(signal.SIGTERM)
+            try:
+                managed.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                managed.process.kill()
+                managed.process.wait()
+                self.event("killed", name)
+            else:
+                self.event("stopped", name, exit_code=managed.process.returncode)
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
