@@ -126,6 +126,103 @@ def run_command(
     raise typer.Exit(code)
 
 
+@app.command("eval")
+def eval_command(
+    model: Annotated[str, typer.Argument(help="Checkpoint folder, HF folder, or builtin:tiny")],
+    environment: Annotated[str, typer.Option("--env", help="Environment kind")],
+    split: str = "test",
+    tasks: Annotated[int, typer.Option(min=1, help="First N tasks of the split")] = 40,
+    samples: Annotated[int, typer.Option(min=1, max=64, help="Samples per task (k of pass@k, up to 64)")] = 4,
+    max_turns: Annotated[list[int] | None, typer.Option(help="Max-turn budget; repeat for a sweep")] = None,
+    temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
+    max_tokens_per_turn: Annotated[int, typer.Option(min=1)] = 64,
+    concurrency: Annotated[int, typer.Option(min=1)] = 32,
+    seed: int = 0,
+    out: Annotated[Path | None, typer.Option(help="Write the JSON here (e.g. <run>/eval/step-30.json)")] = None,
+) -> None:
+    """Evaluate a policy on an environment split: avg@k, pass@k, and max-turn sweeps (JSON)."""
+    import tempfile
+
+    from agentgym.envs import ENVIRONMENT_CLASSES, UnknownTaskError, environment_class
+    from agentgym.local.evaluate import EvalSettings, evaluate, write_results
+
+    if environment not in ENVIRONMENT_CLASSES:
+        raise _fail(f"--env: unknown environment {environment!r}; known: {', '.join(sorted(ENVIRONMENT_CLASSES))}")
+    try:
+        available = environment_class(environment).catalog().splits()
+    except UnknownTaskError as error:
+        raise _fail(str(error)) from None
+    if split not in available:
+        raise _fail(f"--split: {environment} has no split {split!r}; splits: {', '.join(sorted(available))}")
+    settings = EvalSettings(
+        environment=environment,
+        split=split,
+        tasks=min(tasks, available[split]),
+        samples=samples,
+        max_turns=sorted(set(max_turns or [20])),
+        temperature=temperature,
+        max_tokens_per_turn=max_tokens_per_turn,
+        concurrency=concurrency,
+        seed=seed,
+    )
+    with tempfile.TemporaryDirectory(prefix="agentgym-eval-") as work:
+        try:
+            results = evaluate(model, settings, Path(work))
+        except Exception as error:
+            raise _fail(f"evaluation failed: {error}") from None
+    text = json.dumps(results, indent=2)
+    if out is not None:
+        write_results(results, out)
+        err_console.print(f"wrote {out}")
+    sys.stdout.write(text + "\n")
+
+
+@app.command("report")
+def report_command(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (runs/<name>)")],
+    out: Annotated[Path | None, typer.Option(help="Output folder (default: <run-dir>/report)")] = None,
+) -> None:
+    """PNG figures and one HTML page of a run: reward, success, turns vs horizon, failures, eval curves."""
+    from agentgym.local.report import make_report
+
+    try:
+        result = make_report(run_dir, out)
+    except (FileNotFoundError, ValueError) as error:
+        raise _fail(str(error)) from None
+    console.print(result["text"])
+    console.print(f"report: {result['html']}")
+
+
+@app.command("traces")
+def traces_command(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (runs/<name>)")],
+    slowest: Annotated[int, typer.Option(min=1)] = 10,
+) -> None:
+    """The slowest episodes, errors by reason, and time split between inference and environment."""
+    from rich.table import Table
+
+    from agentgym.local.traces import summarise_traces
+
+    try:
+        summary = summarise_traces(run_dir, slowest)
+    except FileNotFoundError as error:
+        raise _fail(str(error)) from None
+    total = summary["episode_seconds"] or 1.0
+    console.print(
+        f"{summary['episodes']} episodes, {summary['episode_seconds']:.1f} s in all: inference "
+        f"{summary['inference_seconds'] / total:.0%}, environment {summary['env_seconds'] / total:.0%}, "
+        f"other {summary['other_seconds'] / total:.0%}"
+    )
+    errors = summary["errors"]
+    console.print("errors by reason: " + (", ".join(f"{k}: {v}" for k, v in errors.items()) if errors else "none"))
+    table = Table(title="slowest episodes")
+    for column in ("seconds", "environment", "task_id", "turns", "termination", "trace_id"):
+        table.add_column(column)
+    for row in summary["slowest"]:
+        table.add_row(*(str(row[c]) for c in ("seconds", "environment", "task_id", "turns", "termination", "trace_id")))
+    console.print(table)
+
+
 @env_app.command("list")
 def env_list() -> None:
     """Environment kinds this installation knows."""
@@ -470,6 +567,78 @@ def inference_serve(
         policy_version=policy_version,
         log_level=log_level.lower(),
     )
+
+
+@app.command("train")
+def train_command(
+    spec: Annotated[Path, typer.Argument(help="TrainingRun YAML")],
+    nats_url: Annotated[
+        str | None, typer.Option(help="NATS server (default: spec messaging.natsUrl, then $AGENTGYM_NATS_URL)")
+    ] = None,
+    output_dir: Annotated[Path | None, typer.Option(help="Run directory (default: <checkpointUri>/<name>)")] = None,
+    run_name: Annotated[str | None, typer.Option(help="Run name (default: metadata.name)")] = None,
+    log_level: str = "info",
+) -> None:
+    """Run the trainer job alone: publish rollout requests, train on trajectories, checkpoint, publish weights."""
+    from agentgym.spec import SpecError, load_training_run
+    from agentgym.trainer.entrypoint import main as trainer_main
+
+    try:
+        load_training_run(spec)
+    except SpecError as error:
+        raise _fail(str(error)) from None
+    argv = ["--run", str(spec), "--log-level", log_level]
+    if nats_url:
+        argv += ["--nats-url", nats_url]
+    if output_dir is not None:
+        argv += ["--output-dir", str(output_dir)]
+    if run_name:
+        argv += ["--run-name", run_name]
+    raise typer.Exit(trainer_main(argv))
+
+
+@app.command("sft")
+def sft_command(
+    spec: Annotated[Path, typer.Argument(help="TrainingRun YAML (model, environments, seed)")],
+    steps: Annotated[int | None, typer.Option(min=1, help="Optimiser steps (default: trainer.sftWarmupSteps)")] = None,
+    tasks: Annotated[int, typer.Option(min=1, help="Expert demonstrations per environment")] = 32,
+    learning_rate: Annotated[float, typer.Option(min=0.0, help="SFT learning rate")] = 1e-4,
+    batch_size: Annotated[int, typer.Option(min=1, help="Examples per step")] = 8,
+    output_dir: Annotated[Path | None, typer.Option(help="Run directory (default: <checkpointUri>/<name>)")] = None,
+) -> None:
+    """Warm-start the policy by SFT on the environments' expert demonstrations; writes checkpoints/step-0.
+
+    `agentgym train` / `agentgym run` on the same run directory then start RL from it (no second warm-up).
+    """
+    from agentgym.spec import SpecError, load_training_run
+    from agentgym.trainer.config import RLTrainerConfig
+    from agentgym.trainer.loop import build_warmup_examples
+    from agentgym.trainer.trainer import RLTrainer
+
+    try:
+        run = load_training_run(spec)
+    except SpecError as error:
+        raise _fail(str(error)) from None
+    count = steps or run.spec.trainer.sft_warmup_steps
+    if count < 1:
+        raise _fail("no SFT steps: pass --steps or set trainer.sftWarmupSteps")
+    config = RLTrainerConfig.from_spec(
+        run.spec,
+        run=run.metadata.name,
+        output_dir=output_dir,
+        sft_tasks=tasks,
+        sft_learning_rate=learning_rate,
+        sft_batch_size=batch_size,
+    )
+    trainer = RLTrainer(config)
+    if trainer.maybe_resume() is not None and (trainer.sft_done or trainer.step > 0):
+        raise _fail(f"{config.checkpoint_dir} already holds a warm-started or RL-trained policy")
+    examples = build_warmup_examples(config, trainer.tokenizer)
+    console.print(f"SFT on {len(examples)} expert demonstrations, {count} steps")
+    history = trainer.sft(examples, count)
+    path = trainer.save_checkpoint()
+    trainer.close()
+    console.print(f"loss {history[0]['sft_loss']:.3f} -> {history[-1]['sft_loss']:.3f}; checkpoint: {path}")
 
 
 def main() -> None:

@@ -1,0 +1,190 @@
+"""`agentgym eval`: a policy on an environment split, avg@k / pass@k and max-turn sweeps.
+
+Test-time interaction scaling (AgentGym-RL's Figs 8-9) is measured the same way the platform trains:
+real environment service, the inference server on the policy, the rollout loop. Each task is played
+k times at each max-turn budget; avg@k is the mean success over all samples, pass@k the unbiased
+estimator of Chen et al. (2021): 1 - C(n - c, k) / C(n, k) for n samples of which c succeed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentgym.envs import environment_class
+from agentgym.envs.client import AsyncEnvClient
+from agentgym.inference.client import CompletionClient
+from agentgym.inference.models import load_tokenizer, resolve_model
+from agentgym.local.supervisor import ProcessSpec, Supervisor
+from agentgym.messaging import free_port
+from agentgym.proto import rl_pb2
+from agentgym.rollout.episode import EpisodeSettings, run_episode
+from agentgym.rollout.policy import InferencePolicy
+from agentgym.rollout.prompts import template_for
+from agentgym.rollout.tokens import ChatTokenizer
+
+log = logging.getLogger(__name__)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k: 1 - C(n - c, k) / C(n, k), the chance that k of the n samples include a success."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def k_values(samples: int) -> list[int]:
+    """1, 2, 4, ... up to `samples`, plus `samples` itself."""
+    ks, k = [], 1
+    while k < samples:
+        ks.append(k)
+        k *= 2
+    return [*ks, samples]
+
+
+@dataclass
+class EvalSettings:
+    environment: str
+    split: str = "test"
+    tasks: int = 40
+    samples: int = 4
+    max_turns: list[int] = field(default_factory=lambda: [20])
+    temperature: float = 1.0
+    max_tokens_per_turn: int = 64
+    max_context_tokens: int = 4096
+    concurrency: int = 32
+    seed: int = 0
+
+
+def summarise(successes: dict[str, list[bool]], scores: dict[str, list[float]], samples: int) -> dict[str, Any]:
+    """avg@k, pass@k for k in 1, 2, 4, ..., and mean score over tasks."""
+    all_success = [s for values in successes.values() for s in values]
+    result: dict[str, Any] = {
+        "tasks": len(successes),
+        "episodes": len(all_success),
+        f"avg@{samples}": sum(all_success) / max(len(all_success), 1),
+        "score_mean": sum(s for values in scores.values() for s in values) / max(len(all_success), 1),
+        "pass@k": {},
+    }
+    for k in k_values(samples):
+        per_task = [pass_at_k(len(v), sum(v), k) for v in successes.values() if len(v) >= k]
+        result["pass@k"][str(k)] = sum(per_task) / max(len(per_task), 1)
+    return result
+
+
+async def _play_all(settings: EvalSettings, inference_url: str, env_url: str, chat: ChatTokenizer) -> dict[str, Any]:
+    catalog = environment_class(settings.environment).catalog()
+    task_ids = list(catalog.task_ids(settings.split, limit=settings.tasks))
+    semaphore = asyncio.Semaphore(settings.concurrency)
+    results: dict[str, Any] = {"by_max_turns": {}}
+    async with (
+        CompletionClient(inference_url) as client,
+        AsyncEnvClient(env_url, max_connections=settings.concurrency) as env,
+    ):
+        policy = InferencePolicy(client)
+        template = template_for(settings.environment)
+        episode_settings = EpisodeSettings(max_context_tokens=settings.max_context_tokens)
+        for max_turns in settings.max_turns:
+
+            async def one(task_id: str, sample: int, max_turns: int = max_turns) -> rl_pb2.Trajectory:
+                request = rl_pb2.RolloutRequest(
+                    run="eval",
+                    request_id=f"eval/{max_turns}/{task_id}/{sample}",
+                    environment=settings.environment,
+                    task_id=task_id,
+                    max_turns=max_turns,
+                    max_tokens_per_turn=settings.max_tokens_per_turn,
+                    temperature=settings.temperature,
+                    top_p=1.0,
+                    seed=settings.seed * 100_003 + sample + 1,
+                )
+                async with semaphore:
+                    return await run_episode(request, env, policy, chat, template, episode_settings)
+
+            started = time.perf_counter()
+            trajectories = await asyncio.gather(*(one(t, s) for t in task_ids for s in range(settings.samples)))
+            successes: dict[str, list[bool]] = {t: [] for t in task_ids}
+            scores: dict[str, list[float]] = {t: [] for t in task_ids}
+            for trajectory in trajectories:
+                successes[trajectory.task_id].append(trajectory.success)
+                scores[trajectory.task_id].append(trajectory.final_score)
+            summary = summarise(successes, scores, settings.samples)
+            summary["turns_mean"] = sum(t.turns_used for t in trajectories) / max(len(trajectories), 1)
+            summary["errors"] = sum(t.termination == rl_pb2.TERMINATION_ERROR for t in trajectories)
+            summary["seconds"] = round(time.perf_counter() - started, 1)
+            results["by_max_turns"][str(max_turns)] = summary
+            log.info("max_turns=%d: %s", max_turns, summary)
+    return results
+
+
+def evaluate(model: str, settings: EvalSettings, work_dir: Path) -> dict[str, Any]:
+    """Serve `model` and the environment locally, play the split, return the results dict."""
+    model_dir = resolve_model(model)
+    chat = ChatTokenizer(load_tokenizer(model_dir))
+    supervisor = Supervisor(work_dir / "logs", work_dir / "events.jsonl")
+    inference_port, env_port = free_port(), free_port()
+    inference_url, env_url = f"http://127.0.0.1:{inference_port}", f"http://127.0.0.1:{env_port}"
+    agentgym = [__import__("sys").executable, "-m", "agentgym.cli"]
+
+    async def main() -> dict[str, Any]:
+        await asyncio.gather(
+            supervisor.start(
+                ProcessSpec(
+                    "inference",
+                    [
+                        *agentgym,
+                        "inference",
+                        "serve",
+                        "--model",
+                        str(model_dir),
+                        "--port",
+                        str(inference_port),
+                        "--max-batch-size",
+                        str(max(settings.concurrency, 1)),
+                        "--log-level",
+                        "warning",
+                    ],
+                    f"{inference_url}/health",
+                )
+            ),
+            supervisor.start(
+                ProcessSpec(
+                    f"env-{settings.environment}",
+                    [
+                        *agentgym,
+                        "env",
+                        "serve",
+                        settings.environment,
+                        "--port",
+                        str(env_port),
+                        "--grpc-port",
+                        "0",
+                        "--max-episodes",
+                        str(settings.concurrency + 8),
+                        "--log-level",
+                        "warning",
+                    ],
+                    f"{env_url}/healthz",
+                )
+            ),
+        )
+        return await _play_all(settings, inference_url, env_url, chat)
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        supervisor.stop_all()
+    return {"model": str(model), "model_dir": str(model_dir), "settings": asdict(settings), **results}
+
+
+def write_results(results: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2))

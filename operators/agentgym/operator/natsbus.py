@@ -1,0 +1,111 @@
+"""The operator's side of NATS: connections, the run's streams, and its control messages turned into status.
+
+The trainer publishes `CurriculumState` (step, stage, horizon, step metrics) and `WeightUpdate`
+(version, checkpoint URI) on the run's control subjects; the control stream keeps the last few per
+subject, so a restarted operator starts from the latest state (`DeliverPolicy.LAST_PER_SUBJECT`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+
+from agentgym.messaging import RunChannels, decode_message
+from agentgym.operator.config import redact
+from agentgym.proto import rl_pb2
+
+JSONDict = dict[str, Any]
+
+# The step metric reported as `status.reward` (first one present).
+REWARD_METRICS = ("reward_mean", "reward", "score_mean", "success_rate")
+
+
+class NatsUnavailable(Exception):
+    """NATS cannot be reached now (a temporary error)."""
+
+
+class NatsPool:
+    """One connection per NATS URL, shared by every run that uses it."""
+
+    def __init__(self, connect_timeout: float = 5.0) -> None:
+        self.connect_timeout = connect_timeout
+        self._clients: dict[str, Client] = {}
+        self._lock = asyncio.Lock()
+
+    async def jetstream(self, url: str) -> JetStreamContext:
+        async with self._lock:
+            client = self._clients.get(url)
+            if client is None or client.is_closed:
+                try:
+                    client = await asyncio.wait_for(
+                        nats.connect(
+                            url,
+                            name="agentgym-operator",
+                            connect_timeout=self.connect_timeout,
+                            allow_reconnect=True,
+                            max_reconnect_attempts=-1,
+                            reconnect_time_wait=1,
+                        ),
+                        timeout=self.connect_timeout * 2,
+                    )
+                except Exception as error:
+                    raise NatsUnavailable(
+                        f"cannot connect to NATS at {redact(url)}: {error or type(error).__name__}"
+                    ) from None
+                self._clients[url] = client
+        if not client.is_connected:
+            raise NatsUnavailable(f"NATS at {redact(url)} is reconnecting")
+        return client.jetstream()
+
+    async def close(self) -> None:
+        async with self._lock:
+            for client in self._clients.values():
+                with contextlib.suppress(Exception):
+                    await client.close()
+            self._clients.clear()
+
+
+def curriculum_status(message: rl_pb2.CurriculumState, previous_metrics: Mapping[str, Any]) -> JSONDict:
+    """The status patch for a CurriculumState (metrics that disappeared are removed)."""
+    metrics = {key: float(value) for key, value in sorted(message.metrics.items())}
+    patch: JSONDict = {
+        "step": int(message.step),
+        "stage": int(message.stage),
+        "horizon": int(message.horizon),
+        "metrics": {**{key: None for key in previous_metrics if key not in metrics}, **metrics},
+    }
+    reward = next((metrics[k] for k in REWARD_METRICS if k in metrics), None)
+    if reward is not None:
+        patch["reward"] = reward
+    return patch
+
+
+def weights_status(message: rl_pb2.WeightUpdate) -> JSONDict:
+    return {"policyVersion": int(message.version), "lastCheckpoint": message.uri}
+
+
+async def subscribe_control(js: JetStreamContext, channels: RunChannels) -> JetStreamContext.PushSubscription:
+    """An ordered consumer on the run's control subjects, starting from the last message of each."""
+    return await js.subscribe(
+        f"{channels.prefix}.control.>",
+        stream=channels.control_stream,
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+    )
+
+
+def decode_control(
+    channels: RunChannels, subject: str, data: bytes
+) -> rl_pb2.CurriculumState | rl_pb2.WeightUpdate | None:
+    if subject == channels.curriculum_subject:
+        return decode_message(data, rl_pb2.CurriculumState)
+    if subject == channels.weights_subject:
+        return decode_message(data, rl_pb2.WeightUpdate)
+    return None
