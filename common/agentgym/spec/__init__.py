@@ -161,7 +161,7 @@ class CurriculumSpec(SpecModel):
     """Horizon schedule: fixed max turns, ScalingInter-RL stages, or adaptive."""
     max_turns: int | None = Field(default=None, ge=1)
     """fixed: the horizon (default: the last paper stage of the first environment)."""
-    horizons: list[int] | None = None
+    horizons: list[int] | None = Field(default=None, max_length=64)
     """scaling_inter: horizon per stage, increasing (default: the paper's per environment)."""
     stage_steps: int | None = Field(default=None, ge=1)
     """scaling_inter: training steps per stage (default: the paper's, 100; 80 for WebArena)."""
@@ -269,7 +269,7 @@ class MessagingSpec(SpecModel):
 
 class TrainingRunSpec(SpecModel):
     model: ModelSpec
-    environments: list[EnvironmentSpec] = Field(min_length=1)
+    environments: list[EnvironmentSpec] = Field(min_length=1, max_length=len(ENVIRONMENT_NAMES))
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
     curriculum: CurriculumSpec = Field(default_factory=CurriculumSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)

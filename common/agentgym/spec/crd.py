@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from agentgym.spec import API_GROUP, API_VERSION, KIND, PLURAL, TrainingRunSpec, TrainingRunStatus
 
-# Fields fixed for the life of a run (CEL transition rules; the API server rejects changes).
-IMMUTABLE_SPEC_FIELDS = ("model", "environments", "algorithm")
+# Fields fixed for the life of a run (CEL transition rules; the API server rejects changes): everything the
+# trainer reads when it starts. What stays mutable: rollout.workers/concurrency, inference, telemetry, suspend.
+IMMUTABLE_SPEC_FIELDS = ("model", "environments", "algorithm", "curriculum", "trainer", "storage", "messaging")
+IMMUTABLE_NESTED_FIELDS = {"rollout": ("tasksPerStep", "maxTokensPerTurn", "temperature", "topP", "maxStaleness")}
 
 _DROP_KEYS = {"title", "additionalProperties", "$defs", "discriminator"}
 
@@ -97,13 +100,39 @@ def openapi_schema(model: type[Any]) -> dict[str, Any]:
     return schema
 
 
+def _default_objects(node: Any) -> None:
+    """`default: {}` on optional, non-nullable object properties, so the API server fills in their nested
+    defaults (and an omitted section can never be 'added' later past an immutability rule)."""
+    if not isinstance(node, dict):
+        return
+    required = set(node.get("required", []))
+    for name, prop in node.get("properties", {}).items():
+        if (
+            name not in required
+            and prop.get("type") == "object"
+            and "properties" in prop
+            and not prop.get("nullable")
+            and "default" not in prop
+        ):
+            prop["default"] = {}
+        _default_objects(prop)
+    _default_objects(node.get("items"))
+
+
 def crd_document() -> dict[str, Any]:
     spec_schema = openapi_schema(TrainingRunSpec)
+    _default_objects(spec_schema)
     for field in IMMUTABLE_SPEC_FIELDS:
         prop = spec_schema["properties"][field]
         prop.setdefault("x-kubernetes-validations", []).append(
             {"rule": "self == oldSelf", "message": f"spec.{field} cannot change during a run"}
         )
+    for parent, fields in IMMUTABLE_NESTED_FIELDS.items():
+        for field in fields:
+            prop = spec_schema["properties"][parent]["properties"][field]
+            prop.setdefault("x-kubernetes-validations", []).append(
+                {"rule": "self == oldSelf", "message": f"spec.{parent}.{field} cannot change during a run"}
+            )
     status_schema = openapi_schema(TrainingRunStatus)
     status_schema["properties"]["conditions"]["x-kubernetes-list-type"] = "map"
     status_schema["properties"]["conditions"]["x-kubernetes-list-map-keys"] = ["type"]

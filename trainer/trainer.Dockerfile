@@ -1,0 +1,36 @@
+# The trainer on GPUs: CUDA torch + DeepSpeed (ZeRO-2/3) + the platform's training loop. Build from the
+# repository root:
+#   docker build -f trainer/trainer.Dockerfile -t agentgym/trainer .
+# DeepSpeed's fused Adam op is compiled here, in a CUDA devel stage (the ZeRO config uses DeepSpeed's AdamW),
+# so the runtime stage needs no compiler. Keep CUDA_VERSION on the major version of torch's CUDA wheels.
+ARG CUDA_VERSION=12.8.1
+FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04 AS build
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        python3 python3-venv python3-dev ninja-build \
+    && rm -rf /var/lib/apt/lists/*
+RUN python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH PIP_DISABLE_PIP_VERSION_CHECK=1
+# torch first, pinned (PyPI's Linux wheel is the CUDA build), then DeepSpeed with its fused Adam prebuilt.
+RUN pip install --no-cache-dir "torch==2.13.0"
+ENV DS_BUILD_OPS=0 DS_BUILD_FUSED_ADAM=1 TORCH_CUDA_ARCH_LIST="8.0;8.6;8.9;9.0"
+RUN pip install --no-cache-dir --no-build-isolation "deepspeed>=0.16,<1"
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY common common
+COPY services services
+COPY trainer trainer
+COPY operators operators
+RUN pip install --no-cache-dir ".[trainer]"
+
+FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin agentgym
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp HF_HOME=/tmp/hf \
+    TRITON_CACHE_DIR=/tmp/triton
+USER 10001
+WORKDIR /var/lib/agentgym
+# The operator runs `python -m agentgym.trainer.entrypoint --run /etc/agentgym/spec.yaml ...`, or that module
+# under the `deepspeed` launcher for `backend: deepspeed`.
+ENTRYPOINT ["python", "-m", "agentgym.trainer.entrypoint"]
