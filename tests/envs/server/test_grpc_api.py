@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from conftest import make_manager
+from countdown_env import make_manager
 from google.protobuf import json_format
 
 from agentgym.envs.server.grpc_api import create_grpc_server

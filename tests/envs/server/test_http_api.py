@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from conftest import CountdownEnv, make_manager
+from countdown_env import CountdownEnv, make_manager
 
 from agentgym.envs.server.http_api import create_app
 from agentgym.envs.server.manager import EpisodeManager
