@@ -1,0 +1,31 @@
+# sciworld environment service (ScienceWorld on a headless Java 17 runtime). Build from the repository root:
+#   docker build -f services/envs/sciworld.Dockerfile -t agentgym/env-sciworld .
+# Each pool slot is one JVM (heap capped at 768 MB, ~150-200 MB resident in practice); size the pool
+# to the live episodes expected, e.g.:
+#   docker run -p 8000:8000 agentgym/env-sciworld --set pool_size=16 --set heap_mb=768
+# ScienceWorld's classes are archived (AppCDS) at build time so the JVMs start faster and share pages.
+FROM python:3.11-slim AS build
+WORKDIR /src
+RUN python -m venv /opt/venv
+COPY pyproject.toml README.md ./
+COPY common common
+COPY services/envs services/envs
+COPY trainer trainer
+COPY operators operators
+RUN /opt/venv/bin/pip install --no-cache-dir ".[sciworld]"
+
+FROM python:3.11-slim
+# (the man1 directory: the JRE's post-install scripts expect it on slim images)
+RUN mkdir -p /usr/share/man/man1 \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+    && rm -rf /var/lib/apt/lists/*
+RUN useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin agentgym
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
+    AGENTGYM_SCIWORLD_CDS_DIR=/opt/agentgym/sciworld-cds
+RUN python -m agentgym.envs.sciworld.jvm && chmod -R a+rX /opt/agentgym
+USER 10001
+EXPOSE 8000 50051
+HEALTHCHECK --interval=10s --timeout=3s CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz')"]
+ENTRYPOINT ["agentgym", "env", "serve", "sciworld", "--host", "0.0.0.0", "--port", "8000", "--grpc-port", "50051"]

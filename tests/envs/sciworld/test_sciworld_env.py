@@ -1,0 +1,334 @@
+"""SciWorldEnv and its JVM pool against real ScienceWorld JVMs (two warm slots, one heap-cap JVM)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from agentgym.envs import UnknownTaskError, make, make_expert
+from agentgym.envs.base import EpisodeNotStartedError
+from agentgym.envs.sciworld.env import SciWorldEnv, SlotDiedError, pool_settings
+from agentgym.envs.sciworld.jvm import JVMError, JVMSettings
+from agentgym.envs.sciworld.pool import PoolExhaustedError, PoolSettings, SciWorldPool, close_shared_pools, shared_pool
+from agentgym.envs.sciworld.tasks import load_catalog
+
+SETTINGS: dict[str, Any] = {"pool_size": 2, "warm_slots": 1}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_pools() -> Iterator[None]:
+    yield
+    close_shared_pools()
+
+
+@pytest.fixture
+def env() -> Iterator[SciWorldEnv]:
+    instance = make("sciworld", **SETTINGS)
+    assert isinstance(instance, SciWorldEnv)
+    yield instance
+    instance.close()
+
+
+def _pool() -> SciWorldPool:
+    return shared_pool(pool_settings(**SETTINGS))
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def test_reset_shows_task_description_and_room(env: SciWorldEnv) -> None:
+    first = env.reset("boil/v21")
+    description, look = first.info["task_description"], first.info["look"]
+    assert description.startswith("Your task is to boil lead.")
+    assert look.startswith("This room is called the bathroom.")
+    assert first.observation == f"{description}\n{look}"
+    assert first.available_actions is None
+    assert {k: first.info[k] for k in ("task_id", "task_name", "task_number", "variation", "split")} == {
+        "task_id": "boil/v21",
+        "task_name": "boil",
+        "task_number": "1-1",
+        "variation": 21,
+        "split": "test",
+    }
+    assert env.observe() == first.observation and env.last_output == look
+
+
+def test_steps_score_and_reward(env: SciWorldEnv) -> None:
+    env.reset("find-living-thing/v281")
+    moved = env.step("open door to hallway")  # ScienceWorld gives partial credit on the way
+    assert moved.observation == "The door is now open."
+    assert (moved.reward, moved.score, moved.done, moved.truncated) == (8.0, 8.0, False, False)
+    assert moved.info["invalid_action"] is False and moved.info["moves"] == 1
+    assert moved.info["normalized_score"] == 0.08
+    walked = env.step("go to hallway")
+    assert walked.observation.startswith("You move to the hallway.")
+    assert (walked.reward, walked.score, walked.info["moves"]) == (9.0, 17.0, 2)
+    looked = env.step("look around")
+    assert (looked.reward, looked.score) == (0.0, 17.0)
+    assert env.observe() == looked.observation
+
+
+@pytest.mark.parametrize(
+    "action",
+    ["fly to the moon", "", "   ", "xyzzy " * 500, "ouvrir la porte \u00e9\u4e2d\U0001f600", "0", "focus on"],
+)
+def test_bad_actions_are_data(env: SciWorldEnv, action: str) -> None:
+    env.reset("boil/v21")
+    result = env.step(action)
+    assert result.info["invalid_action"] is True
+    assert result.observation == "No known action matches that input."
+    assert (result.reward, result.score, result.done) == (0.0, 0.0, False)
+    assert env.step("look around").observation.startswith("This room is called the bathroom.")
+
+
+def test_failed_task_scores_zero_and_ends(env: SciWorldEnv) -> None:
+    env.reset("boil/v21")
+    failed = env.step("focus on agent")  # focusing on the wrong thing fails the task in ScienceWorld
+    assert failed.done is True
+    assert failed.score == 0.0 and failed.reward == 0.0
+    assert failed.info["task_failed"] is True and failed.info["raw_score"] == -100
+    assert failed.info["success"] is False and failed.info["normalized_score"] == 0.0
+    over = env.step("look around")
+    assert over.done is True and over.info.get("episode_over") is True
+
+
+def test_gold_path_scores_100_with_rewards_summing_to_score(env: SciWorldEnv) -> None:
+    expert = make_expert("sciworld", **SETTINGS)
+    for task_id in ("lifespan-longest-lived/v100", "power-component/v15"):
+        actions = expert.demonstrate(task_id)
+        assert actions and all(isinstance(a, str) and a for a in actions)
+        env.reset(task_id)
+        total = 0.0
+        for action in actions:
+            result = env.step(action)
+            assert result.info["invalid_action"] is False, (task_id, action, result.observation)
+            total += result.reward
+            if result.done:
+                break
+        assert result.done and result.score == 100.0 and result.info["success"] is True, task_id
+        assert total == 100.0 and result.info["normalized_score"] == 1.0
+
+
+def test_expert_rejects_unknown_tasks() -> None:
+    with pytest.raises(UnknownTaskError):
+        make_expert("sciworld", **SETTINGS).demonstrate("boil/v999")
+
+
+def test_valid_actions_only_when_asked() -> None:
+    lazy = make("sciworld", **SETTINGS)
+    eager = make("sciworld", valid_actions_in_step=True, **SETTINGS)
+    try:
+        lazy.reset("boil/v21")
+        assert lazy.step("look around").available_actions is None
+        actions = lazy.available_actions()
+        assert actions is not None and len(actions) > 100
+        assert {"open door", "look around", "inventory", "wait1"} <= set(actions) and "go to kitchen" not in actions
+        first = eager.reset("boil/v21")
+        assert first.available_actions is not None and "open door" in first.available_actions
+        stepped = eager.step("open door to kitchen")
+        assert stepped.available_actions is not None and "go to kitchen" in stepped.available_actions
+        hint = lazy.action_hint()  # type: ignore[attr-defined]
+        assert "focus on OBJ" in hint["possible_actions"] and {"door", "bathtub"} <= set(hint["possible_objects"])
+    finally:
+        lazy.close()
+        eager.close()
+
+
+def test_step_limit_truncates() -> None:
+    env = make("sciworld", step_limit=2, **SETTINGS)
+    try:
+        env.reset("boil/v21")
+        assert env.step("open door to kitchen").truncated is False
+        last = env.step("go to kitchen")
+        assert last.truncated is True and last.done is False
+        assert env.step("look around").info.get("episode_over") is True
+    finally:
+        env.close()
+
+
+def test_calls_before_reset_and_unknown_tasks(env: SciWorldEnv) -> None:
+    with pytest.raises(EpisodeNotStartedError):
+        env.step("look around")
+    with pytest.raises(EpisodeNotStartedError):
+        env.observe()
+    with pytest.raises(UnknownTaskError):
+        env.reset("boil/v31")
+    with pytest.raises(UnknownTaskError):
+        env.reset("not-a-task")
+    assert env.jvm_pid is None  # nothing leased for a rejected task
+
+
+def test_jvm_is_reused_across_resets_and_episodes() -> None:
+    pool = _pool()
+    first = make("sciworld", **SETTINGS)
+    first.reset("boil/v21")
+    pid = first.jvm_pid  # type: ignore[attr-defined]
+    first.reset("melt/v25")
+    assert first.jvm_pid == pid  # type: ignore[attr-defined]
+    launched = pool.stats()["launched"]
+    first.close()
+    assert pool.stats()["leased"] == 0
+    second = make("sciworld", **SETTINGS)
+    second.reset("freeze/v25")
+    assert second.jvm_pid in {slot.jvm.pid for slot in pool.slots()}  # type: ignore[attr-defined]
+    assert pool.stats()["launched"] == launched  # no new JVM for a new episode
+    second.close()
+    first.close()  # closing twice is harmless
+
+
+def test_default_heap_is_capped_at_768_mb() -> None:
+    env = make("sciworld", **SETTINGS)
+    try:
+        env.reset("boil/v21")
+        slot = next(s for s in _pool().slots() if s.jvm.pid == env.jvm_pid)  # type: ignore[attr-defined]
+        assert "-Xmx768m" in slot.jvm.input_arguments()
+        cap = slot.jvm.max_heap_bytes()
+        assert 0.85 * 768 * 2**20 <= cap <= 768 * 2**20
+    finally:
+        env.close()
+
+
+def test_heap_cap_is_honoured_and_an_out_of_memory_jvm_is_replaced() -> None:
+    pool = SciWorldPool(PoolSettings(size=1, jvm=JVMSettings(heap_mb=256)))
+    try:
+        env = SciWorldEnv(pool=pool)
+        env.reset("boil/v21")
+        slot = pool.slots()[0]
+        assert "-Xmx256m" in slot.jvm.input_arguments()
+        assert 0.85 * 256 * 2**20 <= slot.jvm.max_heap_bytes() <= 256 * 2**20
+        # Ask the JVM for more than its cap: it must refuse (and, by design, exit) rather than grow.
+        gateway = slot.jvm._gateway
+        assert gateway is not None
+        with pytest.raises(Exception):  # noqa: B017 - py4j raises its own error for the lost connection
+            gateway.new_array(gateway.jvm.byte, 300 * 2**20)
+        _wait_for(lambda: not slot.alive(), timeout=30)
+        assert "out of heap memory" in slot.jvm.failure_reason()
+        with pytest.raises(SlotDiedError, match="out of heap memory"):
+            env.step("look around")
+        env.close()
+        _wait_for(lambda: pool.stats()["idle"] == 1)  # replaced
+        assert pool.stats()["replaced"] == 1
+        again = SciWorldEnv(pool=pool)
+        assert again.reset("boil/v22").info["jvm_pid"] != slot.jvm.pid
+        again.close()
+    finally:
+        pool.close()
+
+
+def test_jvm_killed_mid_episode_fails_it_and_is_replaced() -> None:
+    pool = _pool()
+    env = make("sciworld", **SETTINGS)
+    try:
+        env.reset("boil/v21")
+        env.step("open door to kitchen")
+        pid = env.jvm_pid  # type: ignore[attr-defined]
+        replaced = pool.stats()["replaced"]
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(SlotDiedError, match=r"died \(killed by SIGKILL\)"):
+            env.step("go to kitchen")
+    finally:
+        env.close()
+    assert pool.stats()["replaced"] == replaced + 1
+    assert pid not in pool.stats()["pids"]
+    fresh = make("sciworld", **SETTINGS)
+    try:
+        first = fresh.reset("boil/v21")
+        assert first.info["jvm_pid"] != pid
+        assert fresh.step("open door to kitchen").observation == "The door is now open."
+    finally:
+        fresh.close()
+
+
+def test_a_jvm_that_died_between_episodes_is_swapped_at_reset() -> None:
+    env = make("sciworld", **SETTINGS)
+    try:
+        env.reset("boil/v21")
+        pid = env.jvm_pid  # type: ignore[attr-defined]
+        os.kill(pid, signal.SIGKILL)
+        _wait_for(lambda: env.jvm_pid is not None and not _alive(pid))  # type: ignore[attr-defined]
+        again = env.reset("boil/v22")  # the episode had not started: take another JVM
+        assert again.info["jvm_pid"] != pid
+    finally:
+        env.close()
+
+
+def _alive(pid: int) -> bool:
+    slot = next((s for s in _pool().slots() if s.jvm.pid == pid), None)
+    return slot is not None and slot.alive()
+
+
+def test_lease_waits_then_says_the_pool_is_exhausted() -> None:
+    holders = [make("sciworld", **SETTINGS) for _ in range(2)]
+    try:
+        for holder in holders:
+            holder.reset("boil/v21")
+        third = make("sciworld", lease_timeout_s=0.5, **SETTINGS)
+        with pytest.raises(PoolExhaustedError, match="all 2 ScienceWorld slots are busy"):
+            third.reset("boil/v21")
+        freed = holders[0].jvm_pid  # type: ignore[attr-defined]
+        holders[0].close()
+        assert third.reset("boil/v21").info["jvm_pid"] == freed  # the slot just handed back
+        third.close()
+    finally:
+        for holder in holders:
+            holder.close()
+
+
+def test_a_jvm_that_cannot_start_is_reported_with_its_reason() -> None:
+    pool = SciWorldPool(pool_settings(pool_size=1, java_options="-XX:+NoSuchOption", cds="off"))
+    try:
+        env = SciWorldEnv(pool=pool)
+        with pytest.raises(JVMError, match="Unrecognized VM option 'NoSuchOption'"):
+            env.reset("boil/v21")
+        assert pool.stats()["pids"] == [] and "NoSuchOption" in pool.stats()["last_start_failure"]
+    finally:
+        pool.close()
+
+
+def test_pool_settings_are_validated() -> None:
+    with pytest.raises(ValueError, match="heap_mb"):
+        pool_settings(heap_mb=64)
+    with pytest.raises(ValueError, match="pool size"):
+        pool_settings(pool_size=0)
+    with pytest.raises(ValueError, match="warm_slots"):
+        pool_settings(pool_size=2, warm_slots=3)
+    with pytest.raises(ValueError, match="step_limit"):
+        SciWorldEnv(step_limit=0, **SETTINGS)
+
+
+@pytest.mark.slow
+def test_slot_memory_is_bounded_and_flat_over_500_episodes() -> None:
+    """One slot's JVM RSS stays under 600 MB and within 10 % of its post-warm-up level."""
+    pool = SciWorldPool(PoolSettings(size=1))
+    tasks = load_catalog().task_ids("test")
+    actions = ["look around", "open door to kitchen", "go to kitchen", "inventory", "pick up thermometer"]
+    samples: dict[int, float] = {}
+    try:
+        env = SciWorldEnv(pool=pool)
+        for episode in range(1, 501):
+            env.reset(tasks[(episode * 37) % len(tasks)])
+            for action in actions[: 1 + episode % len(actions)]:
+                if env.step(action).done:
+                    break
+            if episode % 50 == 0:
+                rss = pool.slots()[0].jvm.rss_bytes()
+                assert rss is not None
+                samples[episode] = rss / 2**20
+        pid = env.jvm_pid
+        env.close()
+        assert pool.stats()["launched"] == 1 and pool.slots()[0].jvm.pid == pid  # one JVM served all 500
+    finally:
+        pool.close()
+    print("RSS MB by episode:", {n: round(mb) for n, mb in samples.items()})
+    assert max(samples.values()) <= 600
+    base = samples[50]
+    assert all(abs(mb - base) <= 0.10 * base for mb in samples.values()), samples
