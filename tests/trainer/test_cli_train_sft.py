@@ -1,0 +1,55 @@
+"""`agentgym sft` and `agentgym train` (the commands; the loop itself is tested over NATS elsewhere)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from agentgym.cli.main import app
+
+
+def _spec(tmp_path: Path, model: Path) -> Path:
+    document = {
+        "apiVersion": "agentgym.io/v1alpha1",
+        "kind": "TrainingRun",
+        "metadata": {"name": "cli-sft"},
+        "spec": {
+            "model": {"name": str(model), "dtype": "float32", "maxContextTokens": 1024},
+            "environments": [{"name": "textcraft"}],
+            "algorithm": {"name": "grpo", "groupSize": 2, "klCoef": 0.0},
+            "inference": {"engine": "hf", "gpusPerReplica": 0},
+            "trainer": {"sftWarmupSteps": 2},
+        },
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def test_sft_command_writes_a_warm_started_checkpoint(
+    tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    spec = _spec(tmp_path, tiny_model)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["sft", str(spec), "--tasks", "2", "--batch-size", "2", "--output-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    state = json.loads((out / "checkpoints" / "step-0" / "trainer_state.json").read_text())
+    assert state["sft_done"] is True and state["policy_version"] == 1 and state["step"] == 0
+    again = CliRunner().invoke(app, ["sft", str(spec), "--output-dir", str(out)])
+    assert again.exit_code != 0 and "already holds" in again.output
+
+
+def test_train_command_needs_nats(tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AGENTGYM_NATS_URL", raising=False)
+    spec = _spec(tmp_path, tiny_model)
+    result = CliRunner().invoke(app, ["train", str(spec), "--output-dir", str(tmp_path / "out")])
+    assert result.exit_code != 0
+    assert "no NATS URL" in str(result.exception) + result.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: agentgym.io/v1alpha1\nkind: TrainingRun\nmetadata: {name: x}\nspec: {}\n")
+    assert CliRunner().invoke(app, ["train", str(bad)]).exit_code == 2

@@ -1,0 +1,146 @@
+"""Sequence packing: the packed forward computes what separate forwards compute."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentgym.trainer.packing import (
+    PackedRow,
+    forward_packed,
+    pack_lengths,
+    pack_sequences,
+    response_logprobs_unpacked,
+)
+
+
+def _load(folder: Path, attn: str) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=torch.float32, attn_implementation=attn
+    )
+    return model.eval()
+
+
+def test_pack_lengths_first_fit_decreasing() -> None:
+    rows = pack_lengths([30, 50, 17, 64, 90, 5], 100)
+    # decreasing: 90 -> row0 (10 left), 64 -> row1 (36), 50 -> row2 (50), 30 -> row1 (6), 17 -> row2 (33), 5 -> row0
+    assert rows == [[4, 5], [3, 0], [1, 2]]
+    assert sorted(i for row in rows for i in row) == list(range(6))
+    # longer than a row: its own row
+    assert pack_lengths([150, 10], 100) == [[0], [1]]
+    with pytest.raises(ValueError):
+        pack_lengths([1], 0)
+
+
+def test_row_layout_positions_and_mask() -> None:
+    [row] = pack_sequences([[5, 6, 7], [8, 9]], [1, 1], 10)
+    assert row.input_ids.tolist() == [5, 6, 7, 8, 9]
+    assert row.position_ids.tolist() == [0, 1, 2, 0, 1]
+    mask = row.attention_mask("sdpa")
+    assert mask is not None
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0],
+            [1, 1, 1, 0, 0],
+            [0, 0, 0, 1, 0],
+            [0, 0, 0, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(mask[0, 0], expected)
+    additive = row.attention_mask("eager")
+    assert additive is not None and additive.dtype == torch.float32
+    assert torch.equal(additive[0, 0] == 0, expected)
+    assert row.attention_mask("flash_attention_2") is None
+    # response starts at 1: positions 0,1 score tokens 6,7 of sequence 0; position 3 scores 9
+    assert row.score_positions().tolist() == [0, 1, 3]
+    assert row.score_labels().tolist() == [6, 7, 9]
+    with pytest.raises(ValueError):
+        pack_sequences([[1, 2]], [0], 10)  # no prompt token
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_logprobs_equal_unpacked(tiny_model: Path, attn: str) -> None:
+    model = _load(tiny_model, attn)
+    rng = random.Random(3)
+    sequences = [[rng.randrange(100, 40000) for _ in range(n)] for n in (30, 50, 17, 64, 9)]
+    starts = [10, 5, 16, 1, 4]
+    rows = pack_sequences(sequences, starts, 100)
+    assert any(len(r.segments) > 1 for r in rows)  # packing really happens
+    seen = set()
+    with torch.no_grad():
+        for row in rows:
+            out = forward_packed(model, row, with_entropy=True, chunk_tokens=7)
+            assert out.entropy is not None
+            for segment, logp, entropy in zip(row.segments, out.logprobs, out.entropy, strict=True):
+                reference = response_logprobs_unpacked(model, sequences[segment.index], starts[segment.index])
+                assert logp.shape == reference.shape == (len(sequences[segment.index]) - starts[segment.index],)
+                torch.testing.assert_close(logp, reference, atol=1e-5, rtol=1e-5)
+                assert bool((entropy > 0).all())
+                seen.add(segment.index)
+    assert seen == set(range(len(sequences)))
+
+
+def test_without_block_mask_later_sequences_differ(tiny_model: Path) -> None:
+    """The check above can fail: a plain causal mask over the row lets sequence 2 see sequence 1."""
+    model = _load(tiny_model, "sdpa")
+    rng = random.Random(5)
+    sequences = [[rng.randrange(100, 40000) for _ in range(20)] for _ in range(2)]
+    [row] = pack_sequences(sequences, [5, 5], 100)
+
+    def plain_causal(kind: str, dtype: torch.dtype = torch.float32, device: object = None) -> torch.Tensor:
+        n = row.num_tokens
+        return torch.ones(n, n, dtype=torch.bool).tril().view(1, 1, n, n)
+
+    leaky = PackedRow(row.input_ids, row.position_ids, row.segments)
+    leaky.attention_mask = plain_causal  # type: ignore[method-assign]
+    with torch.no_grad():
+        good = forward_packed(model, row).logprobs[1]
+        bad = forward_packed(model, leaky).logprobs[1]
+        reference = response_logprobs_unpacked(model, sequences[row.segments[1].index], 5)
+    torch.testing.assert_close(good, reference, atol=1e-5, rtol=1e-5)
+    assert (bad - reference).abs().max() > 1e-3
+
+
+def test_packed_gradients_match_unpacked(tiny_model: Path) -> None:
+    model = _load(tiny_model, "sdpa")
+    rng = random.Random(7)
+    sequences = [[rng.randrange(100, 40000) for _ in range(n)] for n in (12, 18)]
+    starts = [4, 6]
+    [row] = pack_sequences(sequences, starts, 64)
+    packed = forward_packed(model, row, checkpoint_chunks=True, chunk_tokens=5)
+    sum(lp.sum() for lp in packed.logprobs).backward()  # type: ignore[union-attr]
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    total = sum(response_logprobs_unpacked(model, s, st).sum() for s, st in zip(sequences, starts, strict=True))
+    total.backward()  # type: ignore[union-attr]
+    for name, param in model.named_parameters():
+        assert param.grad is not None
+        torch.testing.assert_close(grads[name], param.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_score_masks_restrict_the_head(tiny_model: Path) -> None:
+    model = _load(tiny_model, "sdpa")
+    rng = random.Random(9)
+    sequences = [[rng.randrange(100, 40000) for _ in range(n)] for n in (16, 11)]
+    starts = [6, 3]
+    masks = [
+        torch.tensor([1, 1, 0, 0, 1, 1, 1, 0, 0, 1], dtype=torch.bool),
+        torch.tensor([0, 1, 1, 0, 0, 0, 1, 1], dtype=torch.bool),
+    ]
+    [row] = pack_sequences(sequences, starts, 64, score_masks=masks)
+    assert row.score_positions().numel() == 6 + 4
+    with torch.no_grad():
+        out = forward_packed(model, row, with_entropy=True)
+    for k, segment in enumerate(row.segments):
+        reference = response_logprobs_unpacked(model, sequences[segment.index], starts[segment.index])
+        mask = masks[segment.index]
+        torch.testing.assert_close(out.logprobs[k][mask], reference[mask], atol=1e-5, rtol=1e-5)
+        assert bool((out.logprobs[k][~mask] == 0).all())
+        assert out.entropy is not None and bool((out.entropy[k][~mask] == 0).all())

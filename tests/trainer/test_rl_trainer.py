@@ -1,0 +1,193 @@
+"""RLTrainer.train_step without NATS: every algorithm, learning direction, dedup, failures, metrics outputs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from trainer_helpers import fill_logprobs
+
+from agentgym.proto import rl_pb2
+from agentgym.trainer.metrics import MetricsSink
+from agentgym.trainer.trainer import RLTrainer
+
+
+def _params(trainer: RLTrainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "rloo", "reinforce_plus_plus", "ppo"])
+def test_train_step_each_algorithm(
+    algorithm: str, config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]]
+) -> None:
+    config = config_factory(algorithm=algorithm, kl_coef=0.01, entropy_coef=0.001, group_size=3, mini_batch_size=3)
+    trainer = RLTrainer(config)
+    batch = make_batch(1, 0, groups=2, group_size=3)
+    fill_logprobs(trainer.policy, batch)
+    before = _params(trainer)
+    metrics = trainer.train_step(batch)
+    assert (trainer.step, trainer.policy_version) == (1, 1)
+    assert metrics.step == 0 and metrics.policy_version == 1 and metrics.horizon == 5
+    assert metrics.counts["used"] == 6 and metrics.counts["duplicates"] == 0
+    train = metrics.train
+    for key in ("policy_loss", "entropy", "clip_fraction", "approx_kl", "kl", "grad_norm", "tokens_per_s"):
+        assert key in train and train[key] == train[key]  # present and not NaN
+    assert train["optimizer_steps"] == 2  # 6 trajectories / mini-batch 3
+    # the engine's logprobs are the model's: the trainer sees the same numbers before updating
+    assert train["logprob_diff_max"] < 1e-4
+    assert train["grad_norm"] > 0
+    if algorithm == "ppo":
+        assert "value_loss" in train and train["critic_grad_norm"] > 0
+    assert set(metrics.env) == {"textcraft", "all"}
+    after = _params(trainer)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_recompute_old_logprobs_reports_engine_mismatch(
+    config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]]
+) -> None:
+    trainer = RLTrainer(config_factory(recompute_old_logprobs=True))
+    batch = make_batch(2, 0, groups=1, group_size=4)
+    fill_logprobs(trainer.policy, batch)
+    shifted = batch[1]
+    values = [v - 0.5 if m else 0.0 for v, m in zip(shifted.sampled_logprobs, shifted.loss_mask, strict=True)]
+    del shifted.sampled_logprobs[:]
+    shifted.sampled_logprobs.extend(values)  # an engine that disagrees by 0.5 nat on one trajectory
+    metrics = trainer.train_step(batch)
+    assert metrics.train["logprob_diff_max"] == pytest.approx(0.5, abs=1e-4)
+    # recomputed old logprobs = current ones: the first update starts at ratio 1, nothing clipped
+    assert metrics.train["clip_fraction"] < 0.5
+
+
+def _sequence_logprob(trainer: RLTrainer, trajectory: rl_pb2.Trajectory) -> float:
+    from agentgym.trainer.packing import response_logprobs_unpacked
+
+    with torch.no_grad():
+        ids = list(trajectory.prompt_token_ids) + list(trajectory.response_token_ids)
+        lp = response_logprobs_unpacked(trainer.policy, ids, len(trajectory.prompt_token_ids))
+    return float((lp * torch.tensor(list(trajectory.loss_mask), dtype=torch.float32)).sum())
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_updates_favour_the_successful_response(
+    algorithm: str, config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]]
+) -> None:
+    """One task, two answers: the successful one must become more likely, the failed one less."""
+    trainer = RLTrainer(config_factory(algorithm=algorithm, learning_rate=3e-3, critic_learning_rate=1e-2))
+    [good, bad] = make_batch(3, 0, groups=1, group_size=2, turns=1)
+    good.success, good.final_score = True, 1.0
+    bad.success, bad.final_score = False, 0.0
+    bad.prompt_token_ids[:] = list(good.prompt_token_ids)
+    start_good, start_bad = _sequence_logprob(trainer, good), _sequence_logprob(trainer, bad)
+    for step in range(4):
+        batch = []
+        for sample in range(4):
+            t = rl_pb2.Trajectory()
+            t.CopyFrom(good if sample % 2 == 0 else bad)
+            t.trajectory_id = f"s{step}/{sample}"
+            t.group_id = f"g{step}"
+            t.policy_version = trainer.policy_version
+            batch.append(t)
+        fill_logprobs(trainer.policy, batch)
+        trainer.train_step(batch)
+    assert _sequence_logprob(trainer, good) > start_good + 0.5
+    assert _sequence_logprob(trainer, bad) < start_bad
+
+
+def test_duplicates_failed_and_malformed(
+    config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]]
+) -> None:
+    trainer = RLTrainer(config_factory())
+    batch = make_batch(4, 0, groups=2, group_size=4)
+    batch[0].termination = rl_pb2.TERMINATION_ERROR
+    batch[0].termination_reason = "env crashed"
+    duplicate = rl_pb2.Trajectory()
+    duplicate.CopyFrom(batch[5])
+    malformed = rl_pb2.Trajectory()
+    malformed.CopyFrom(batch[6])
+    malformed.trajectory_id = "bad-one"
+    del malformed.sampled_logprobs[-1]
+    metrics = trainer.train_step([*batch, duplicate, malformed])
+    assert metrics.counts == {
+        "received": 10,
+        "duplicates": 1,
+        "malformed": 1,
+        "failed": 1,
+        "used": 7,
+    }
+    assert metrics.env["all"]["failed_rate"] == pytest.approx(1 / 8)
+    assert batch[0].trajectory_id in trainer.seen_ids
+
+    # the same trajectories again (a redelivery): all dropped, no update
+    before = _params(trainer)
+    again = trainer.train_step(batch)
+    assert again.counts["duplicates"] == 8 and again.counts["used"] == 0
+    after = _params(trainer)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+    # failed trajectories are trained on when asked
+    trainer2 = RLTrainer(config_factory(train_on_failed=True, output_dir=trainer.config.output_dir / "b"))
+    assert trainer2.train_step(batch).counts["used"] == 8
+
+
+def test_metrics_jsonl_tensorboard_and_otel(
+    config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]], tmp_path: Path
+) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    config = config_factory(output_dir=tmp_path / "metrics-run")
+    sink = MetricsSink(config.run_dir, config.run, tensorboard=True, meter_provider=provider)
+    trainer = RLTrainer(config, metrics_sink=sink)
+    trainer.train_step(make_batch(5, 0, groups=2, group_size=4, environment="babyai"))
+    assert sink.tensorboard_enabled
+    trainer.close()
+    lines = (config.run_dir / "metrics.jsonl").read_text().splitlines()
+    record = json.loads(lines[-1])
+    assert record["step"] == 0 and "babyai" in record["env"] and "grad_norm" in record
+    assert list((config.run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    data = reader.get_metrics_data()
+    assert data is not None
+    points = {
+        (m.name, p.attributes.get("environment")): p.value
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        for p in m.data.data_points
+    }
+    assert ("agentgym.trainer.success_rate", "babyai") in points
+    assert ("agentgym.trainer.grad_norm", None) in points
+    assert points[("agentgym.trainer.count_used", None)] == 8
+
+
+def test_gradient_checkpointing_gives_the_same_update(
+    config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]], tmp_path: Path
+) -> None:
+    batch = make_batch(6, 0, groups=2, group_size=4)
+    plain = RLTrainer(config_factory(output_dir=tmp_path / "plain"))
+    checkpointed = RLTrainer(
+        config_factory(output_dir=tmp_path / "ckpt", gradient_checkpointing=True, logits_chunk_tokens=7)
+    )
+    assert getattr(checkpointed.policy, "is_activation_checkpointing", False)
+    assert not getattr(plain.policy, "is_activation_checkpointing", False)
+    a = plain.train_step(batch)
+    b = checkpointed.train_step(batch)
+    assert a.train["grad_norm"] == pytest.approx(b.train["grad_norm"], rel=1e-4)
+    for name, value in plain.policy.state_dict().items():
+        torch.testing.assert_close(value, checkpointed.policy.state_dict()[name], atol=1e-6, rtol=1e-5)
+
+
+def test_bf16_autocast_step_runs(
+    config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]]
+) -> None:
+    trainer = RLTrainer(config_factory(bf16=True))
+    assert trainer.autocast_dtype == torch.bfloat16 and next(trainer.policy.parameters()).dtype == torch.float32
+    metrics = trainer.train_step(make_batch(7, 0, groups=1, group_size=4))
+    assert all(v == v for v in metrics.train.values())  # no NaN
+    assert metrics.train["grad_norm"] > 0

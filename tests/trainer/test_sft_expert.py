@@ -1,0 +1,154 @@
+"""SFT on expert demonstrations (rollout token layout), rejection-sampling fine-tuning, DPO pairs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentgym.envs import environment_class, make
+from agentgym.envs.client import Opened, Stepped
+from agentgym.proto import rl_pb2
+from agentgym.rollout.episode import Sample, run_episode
+from agentgym.rollout.parsing import parse_action
+from agentgym.rollout.prompts import template_for
+from agentgym.rollout.tokens import ChatTokenizer
+from agentgym.trainer.sft import SFTBuildReport, expert_sft_examples, sample_task_ids
+from agentgym.trainer.trainer import RLTrainer, SFTExample
+
+
+@pytest.fixture(scope="module")
+def chat(tiny_model: Path) -> ChatTokenizer:
+    from agentgym.inference.models import load_tokenizer
+
+    return ChatTokenizer(load_tokenizer(tiny_model))
+
+
+@pytest.fixture(scope="module")
+def tasks() -> list[str]:
+    catalog = environment_class("textcraft").catalog()
+    return [catalog.task_id("train", i) for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def examples(chat: ChatTokenizer, tasks: list[str]) -> list[SFTExample]:
+    report = SFTBuildReport()
+    built = expert_sft_examples("textcraft", tasks, chat, report=report)
+    assert report.built == 3 and report.skipped_unsuccessful == 0 and report.skipped_errors == 0
+    return built
+
+
+def _spans(mask: list[int], value: int) -> list[tuple[int, int]]:
+    spans, start = [], None
+    for i, m in enumerate([*mask, 1 - value]):
+        if m == value and start is None:
+            start = i
+        elif m != value and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def test_examples_follow_the_rollout_format(chat: ChatTokenizer, examples: list[SFTExample]) -> None:
+    from agentgym.envs import make_expert
+
+    expert = make_expert("textcraft")
+    for example in examples:
+        actions = expert.demonstrate(example.task_id)
+        first = make("textcraft").reset(example.task_id)
+        assert example.prompt_ids == chat.prompt_ids(template_for("textcraft").first_messages(first.observation))
+        replies = _spans(example.loss_mask, 1)
+        assert len(replies) == len(actions)
+        for (start, end), action in zip(replies, actions, strict=True):
+            ids = example.response_ids[start:end]
+            assert ids[-1] == chat.eos_token_id
+            assert parse_action("thought_action", chat.decode(ids)).action == action
+        observations = _spans(example.loss_mask, 0)
+        assert len(observations) == len(actions) - 1  # none after the final action
+
+
+class _InProcessEnv:
+    """EnvSession over an in-process environment (what the env service does)."""
+
+    def __init__(self) -> None:
+        self.env = make("textcraft")
+
+    async def create(self, task_id: str | None = None, split: str | None = None, index: int | None = None) -> Opened:
+        assert task_id is not None
+        first = self.env.reset(task_id)
+        return Opened("e1", task_id, first.observation, None, {})
+
+    async def step(self, episode_id: str, action: str) -> Stepped:
+        r = self.env.step(action)
+        return Stepped(r.observation, r.reward, r.score, r.done, r.truncated, None, r.info)
+
+    async def close(self, episode_id: str) -> None:
+        self.env.close()
+
+
+class _Replay:
+    """A policy that 'samples' exactly the SFT replies, in order."""
+
+    def __init__(self, replies: list[list[int]]) -> None:
+        self.replies = list(replies)
+
+    async def sample(self, prompt_ids: list[int], **kwargs: Any) -> Sample:
+        ids = self.replies.pop(0)
+        return Sample(ids, [-0.1] * len(ids), "stop", 0)
+
+
+async def test_examples_match_a_real_rollout_token_for_token(chat: ChatTokenizer, examples: list[SFTExample]) -> None:
+    example = examples[0]
+    replies = [example.response_ids[s:e] for s, e in _spans(example.loss_mask, 1)]
+    request = rl_pb2.RolloutRequest(
+        request_id="r/0/0/0", environment="textcraft", task_id=example.task_id, max_turns=10, max_tokens_per_turn=256
+    )
+    trajectory = await run_episode(request, _InProcessEnv(), _Replay(replies), chat, template_for("textcraft"))
+    assert trajectory.success and trajectory.termination == rl_pb2.TERMINATION_DONE
+    assert list(trajectory.prompt_token_ids) == example.prompt_ids
+    assert list(trajectory.response_token_ids) == example.response_ids
+    assert list(trajectory.loss_mask) == example.loss_mask
+
+
+def test_sample_task_ids_is_deterministic() -> None:
+    a = sample_task_ids("textcraft", "train", 5, seed=1)
+    assert a == sample_task_ids("textcraft", "train", 5, seed=1)
+    assert len(set(a)) == 5 and a != sample_task_ids("textcraft", "train", 5, seed=2)
+
+
+def test_sft_warm_up_lowers_the_loss(config_factory: Callable[..., Any], examples: list[SFTExample]) -> None:
+    trainer = RLTrainer(config_factory(sft_learning_rate=1e-2, micro_batch_tokens=512))
+    history = trainer.sft(examples, steps=6, batch_size=3)
+    assert history[-1]["sft_loss"] < 0.8 * history[0]["sft_loss"]
+    assert trainer.sft_done and trainer.policy_version == 1
+    assert trainer.engine.get_lr() == trainer.config.learning_rate  # restored after SFT
+
+
+def test_rejection_sampling_and_dpo(
+    config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]]
+) -> None:
+    batch = make_batch(21, 0, groups=2, group_size=4)
+    for i, t in enumerate(batch):
+        t.success = i % 2 == 0
+        t.final_score = 1.0 if t.success else 0.0
+    batch[2].termination = rl_pb2.TERMINATION_ERROR
+    examples = RLTrainer.rejection_sampling_examples(batch)
+    assert len(examples) == 3  # 4 successes, one of them failed as an episode
+    assert all(e.response_ids and sum(e.loss_mask) for e in examples)
+
+    trainer = RLTrainer(config_factory(learning_rate=5e-3))
+    pairs = RLTrainer.dpo_pairs(batch)
+    assert len(pairs) == 2
+    first = trainer.dpo_step(pairs)
+    assert first["dpo_loss"] == pytest.approx(0.6931, abs=1e-3)  # policy == reference: -log sigmoid(0)
+    for _ in range(3):
+        last = trainer.dpo_step(pairs)
+    assert last["dpo_loss"] < first["dpo_loss"] and last["reward_margin"] > 0
+
+    rft = RLTrainer(config_factory(sft_learning_rate=1e-2, output_dir=trainer.config.output_dir / "rft"))
+    losses = [rft.rejection_sampling_step(batch) for _ in range(3)]
+    assert all(m is not None for m in losses)
+    assert losses[-1]["sft_loss"] < losses[0]["sft_loss"]  # type: ignore[index]
+    assert rft.rejection_sampling_step([t for t in batch if not t.success]) is None

@@ -1,0 +1,65 @@
+"""RLTrainerConfig from TrainingRun specs, validation, and the trainer entrypoint's config sources."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from agentgym.spec import load_training_run
+from agentgym.trainer.config import EnvironmentConfig, RLTrainerConfig
+from agentgym.trainer.curriculum import AdaptiveHorizon, FixedHorizon, ScalingInterSchedule
+from agentgym.trainer.entrypoint import config_from_args
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_from_quickstart_spec() -> None:
+    run = load_training_run(EXAMPLES / "quickstart.yaml")
+    config = RLTrainerConfig.from_spec(run.spec, run=run.metadata.name)
+    assert config.output_dir == Path("runs/quickstart/quickstart")
+    assert (config.algorithm, config.group_size, config.learning_rate) == ("grpo", 8, 1e-4)
+    assert config.environments == [EnvironmentConfig("babyai", "train", 1.0)]
+    assert (config.total_steps, config.checkpoint_every, config.sft_warmup_steps) == (30, 5, 40)
+    assert config.max_context_tokens == 2048
+    schedule = config.build_schedule()
+    assert isinstance(schedule, ScalingInterSchedule)
+    assert [schedule.horizon(s) for s in (0, 9, 10, 20)] == [4, 4, 8, 12]
+
+
+def test_curriculum_kinds_from_spec() -> None:
+    run = load_training_run(EXAMPLES / "textcraft-paper.yaml")
+    fixed = run.spec.model_copy(update={"curriculum": run.spec.curriculum.model_copy(update={"kind": "fixed"})})
+    schedule = RLTrainerConfig.from_spec(fixed, output_dir="x").build_schedule()
+    assert isinstance(schedule, FixedHorizon) and schedule.current_horizon == 30  # last paper stage
+    spec = run.spec.model_dump(by_alias=True)
+    spec["curriculum"] = {"kind": "adaptive", "adaptive": {"initial": 5, "maximum": 25}}
+    from agentgym.spec import TrainingRunSpec
+
+    adaptive = RLTrainerConfig.from_spec(TrainingRunSpec.model_validate(spec), output_dir="x").build_schedule()
+    assert isinstance(adaptive, AdaptiveHorizon) and adaptive.current_horizon == 5 and adaptive.maximum == 25
+
+
+def test_validation() -> None:
+    with pytest.raises(ValueError, match="group_size"):
+        RLTrainerConfig(algorithm="grpo", group_size=1)
+    with pytest.raises(ValueError, match="kl_as"):
+        RLTrainerConfig(algorithm="grpo", kl_as="reward")
+    RLTrainerConfig(algorithm="ppo", kl_as="reward", group_size=1)
+    with pytest.raises(ValueError, match="outcome"):
+        RLTrainerConfig(outcome_reward="bogus")  # type: ignore[arg-type]
+
+
+def test_entrypoint_reads_a_run_file_or_a_json_config(tmp_path: Path) -> None:
+    args = argparse.Namespace(run=EXAMPLES / "quickstart.yaml", config=None, output_dir=tmp_path, run_name=None)
+    config, url = config_from_args(args)
+    assert config.run == "quickstart" and config.output_dir == tmp_path and url is None
+
+    dumped = tmp_path / "trainer.json"
+    dumped.write_text(json.dumps(config.to_dict()))
+    args = argparse.Namespace(run=None, config=dumped, output_dir=None, run_name="again")
+    again, _ = config_from_args(args)
+    assert again.run == "again"
+    assert {**again.to_dict(), "run": "quickstart"} == config.to_dict()

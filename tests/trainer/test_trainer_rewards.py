@@ -1,0 +1,109 @@
+"""Reward conventions: outcome normalisation, per-turn placement, group scores, rollout metrics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentgym.proto import rl_pb2
+from agentgym.trainer.metrics import flatten_metrics, rollout_metrics
+from agentgym.trainer.rewards import RewardConfig, outcome_reward, token_rewards, trajectory_scores
+
+
+def traj(env: str, score: float, success: bool, **kw: object) -> rl_pb2.Trajectory:
+    return rl_pb2.Trajectory(environment=env, final_score=score, success=success, **kw)  # type: ignore[arg-type]
+
+
+def test_outcome_reward_modes() -> None:
+    score = RewardConfig()
+    assert outcome_reward(traj("sciworld", 57.0, False), score) == pytest.approx(0.57)
+    assert outcome_reward(traj("sciworld", 100.0, True), score) == 1.0
+    assert outcome_reward(traj("babyai", 0.82, True), score) == pytest.approx(0.82)
+    assert outcome_reward(traj("textcraft", 1.0, True), score) == 1.0
+    assert outcome_reward(traj("babyai", -0.5, False), score) == 0.0  # clipped
+    assert outcome_reward(traj("babyai", 3.0, False), score) == 1.0
+    success = RewardConfig("success")
+    assert outcome_reward(traj("sciworld", 57.0, False), success) == 0.0
+    assert outcome_reward(traj("babyai", 0.82, True), success) == 1.0
+    assert outcome_reward(traj("babyai", 0.82, True), RewardConfig("none")) == 0.0
+    assert outcome_reward(traj("babyai", 5.0, True), RewardConfig(score_scales={"babyai": 10.0})) == 0.5
+    with pytest.raises(ValueError):
+        RewardConfig("bogus")  # type: ignore[arg-type]
+
+
+def _two_turns(env: str = "sciworld") -> rl_pb2.Trajectory:
+    # response: [a a | o o o | a a a]  turns: [0,2) obs to 5, [5,8)
+    return rl_pb2.Trajectory(
+        environment=env,
+        response_token_ids=[1, 2, 3, 4, 5, 6, 7, 8],
+        loss_mask=[1, 1, 0, 0, 0, 1, 1, 1],
+        turns=[
+            rl_pb2.Turn(action_start=0, action_end=2, observation_end=5, reward=10.0),
+            rl_pb2.Turn(action_start=5, action_end=8, observation_end=8, reward=30.0),
+        ],
+        final_score=40.0,
+        success=False,
+    )
+
+
+def test_token_rewards_default_outcome_only_on_last_sampled_token() -> None:
+    t = _two_turns()
+    mask = torch.tensor([list(t.loss_mask)], dtype=torch.float32)
+    rewards = token_rewards([t], mask, RewardConfig())
+    assert rewards.tolist() == [[0, 0, 0, 0, 0, 0, 0, pytest.approx(0.4)]]
+
+
+def test_token_rewards_with_turn_rewards() -> None:
+    t = _two_turns()
+    mask = torch.tensor([list(t.loss_mask)], dtype=torch.float32)
+    rewards = token_rewards([t], mask, RewardConfig("none", turn_reward_coef=1.0))
+    # turn rewards / 100 on the last sampled token of each turn: positions 1 and 7
+    torch.testing.assert_close(rewards, torch.tensor([[0, 0.1, 0, 0, 0, 0, 0, 0.3]]))
+    both = token_rewards([t], mask, RewardConfig("score", turn_reward_coef=0.5))
+    torch.testing.assert_close(both, torch.tensor([[0, 0.05, 0, 0, 0, 0, 0, 0.15 + 0.4]]))
+    scores = trajectory_scores([t], RewardConfig("score", turn_reward_coef=0.5))
+    torch.testing.assert_close(scores, torch.tensor([0.4 + 0.05 + 0.15]))
+
+
+def test_rollout_metrics_per_environment() -> None:
+    trajectories = [
+        rl_pb2.Trajectory(
+            environment="babyai",
+            final_score=0.9,
+            success=True,
+            turns_used=2,
+            termination=rl_pb2.TERMINATION_DONE,
+            turns=[rl_pb2.Turn(invalid_action=True), rl_pb2.Turn()],
+        ),
+        rl_pb2.Trajectory(
+            environment="babyai",
+            final_score=0.0,
+            success=False,
+            turns_used=3,
+            termination=rl_pb2.TERMINATION_HORIZON,
+            turns=[rl_pb2.Turn(), rl_pb2.Turn(repeated_action=True), rl_pb2.Turn()],
+        ),
+        rl_pb2.Trajectory(
+            environment="sciworld",
+            final_score=50.0,
+            termination=rl_pb2.TERMINATION_ERROR,
+            turns_used=1,
+            turns=[rl_pb2.Turn()],
+        ),
+    ]
+    stats = rollout_metrics(trajectories, RewardConfig())
+    baby = stats["babyai"]
+    assert baby["reward_mean"] == pytest.approx(0.45)
+    assert baby["reward_std"] == pytest.approx(0.45)
+    assert baby["success_rate"] == 0.5
+    assert baby["turns_mean"] == 2.5
+    assert baby["truncation_rate"] == 0.5
+    assert baby["failed_rate"] == 0.0
+    assert baby["invalid_action_rate"] == pytest.approx(1 / 5)
+    assert baby["repeated_action_rate"] == pytest.approx(1 / 5)
+    assert stats["sciworld"]["failed_rate"] == 1.0
+    assert stats["sciworld"]["reward_mean"] == 0.5
+    assert stats["all"]["trajectories"] == 3
+    assert stats["all"]["failed_rate"] == pytest.approx(1 / 3)
+    flat = flatten_metrics({"env": stats, "kl": 0.1})
+    assert flat["babyai/success_rate"] == 0.5 and flat["kl"] == 0.1

@@ -1,0 +1,81 @@
+"""Helpers of the trainer tests: synthetic multi-turn trajectories, engine-exact sampled logprobs."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from agentgym.proto import rl_pb2
+
+
+def synthetic_trajectory(
+    rng: random.Random,
+    *,
+    run: str = "test",
+    step: int = 0,
+    group: int = 0,
+    sample: int = 0,
+    environment: str = "textcraft",
+    policy_version: int = 0,
+    success: bool | None = None,
+    termination: int | None = None,
+    turns: int | None = None,
+    vocab: tuple[int, int] = (200, 20000),
+) -> rl_pb2.Trajectory:
+    """A multi-turn trajectory with random ids: actions (mask 1) and observations (mask 0) alternating."""
+    prompt = [rng.randrange(*vocab) for _ in range(rng.randint(8, 14))]
+    response: list[int] = []
+    mask: list[int] = []
+    n_turns = turns if turns is not None else rng.randint(1, 3)
+    trajectory_turns = []
+    for k in range(n_turns):
+        turn = rl_pb2.Turn(action_start=len(response))
+        action = [rng.randrange(*vocab) for _ in range(rng.randint(3, 6))]
+        response += action
+        mask += [1] * len(action)
+        turn.action_end = len(response)
+        if k < n_turns - 1:
+            observation = [rng.randrange(*vocab) for _ in range(rng.randint(2, 5))]
+            response += observation
+            mask += [0] * len(observation)
+        turn.observation_end = len(response)
+        turn.action = f"action {k}"
+        trajectory_turns.append(turn)
+    won = rng.random() < 0.5 if success is None else success
+    if termination is None:
+        termination = rl_pb2.TERMINATION_DONE if won else rl_pb2.TERMINATION_HORIZON
+    group_id = f"{run}/{step}/{group}"
+    return rl_pb2.Trajectory(
+        run=run,
+        trajectory_id=f"{group_id}/{sample}",
+        request_id=f"{group_id}/{sample}",
+        step=step,
+        group_id=group_id,
+        sample_index=sample,
+        task_id=f"task-{group}",
+        environment=environment,
+        policy_version=policy_version,
+        horizon=n_turns,
+        prompt_token_ids=prompt,
+        response_token_ids=response,
+        loss_mask=mask,
+        sampled_logprobs=[-2.0 if m else 0.0 for m in mask],
+        turns=trajectory_turns,
+        final_score=1.0 if won else 0.0,
+        success=won,
+        turns_used=n_turns,
+        termination=termination,  # type: ignore[arg-type]
+    )
+
+
+def fill_logprobs(model: torch.nn.Module, trajectories: list[rl_pb2.Trajectory]) -> None:
+    """Set sampled_logprobs to the model's own log-probs (what an exact inference engine reports)."""
+    from agentgym.trainer.packing import response_logprobs_unpacked
+
+    with torch.no_grad():
+        for t in trajectories:
+            ids = list(t.prompt_token_ids) + list(t.response_token_ids)
+            lp = response_logprobs_unpacked(model, ids, len(t.prompt_token_ids)).tolist()
+            del t.sampled_logprobs[:]
+            t.sampled_logprobs.extend([v if m else 0.0 for v, m in zip(lp, t.loss_mask, strict=True)])

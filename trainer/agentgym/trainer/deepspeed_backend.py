@@ -1,0 +1,210 @@
+"""DeepSpeed backend (GPUs): ZeRO-2/3, bf16, gradient checkpointing; multi-GPU via the DeepSpeed launcher.
+
+``deepspeed`` is imported only when the backend is used (it is not a dependency of the CPU
+install: its wheel would pull a CUDA torch). What is here:
+
+* :func:`deepspeed_config`: the engine config dict. One micro-batch is one packed row (batch size
+  1, no padding); the trainer weights each row's loss itself and marks the gradient-accumulation
+  boundary explicitly at the last row of a mini-batch, so ``gradient_accumulation_steps`` is 1 and
+  the loss is never rescaled by DeepSpeed. ZeRO-3 gathers 16-bit weights on save so checkpoints stay
+  plain HF folders.
+* :func:`launcher_command`: the ``deepspeed`` launcher command for ``gpus`` GPUs on one node (or a
+  hostfile for several).
+* :class:`DeepSpeedEngine`: the :class:`~agentgym.trainer.backend.PolicyEngine` used by
+  ``RLTrainer`` when ``backend == "deepspeed"``.
+
+NOT exercised on a GPU in this repository's tests (no GPU and no deepspeed here); the config and
+launcher generation are tested. The training loop runs ONE rank: data-parallel training over several
+GPUs (rank 0 collecting and broadcasting each batch, the same number of packed rows on every rank
+for ZeRO-3's collectives, rank-0 checkpoint writes) is not implemented, and the entrypoint refuses
+``WORLD_SIZE > 1``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from agentgym.trainer.backend import OptimizerSettings
+from agentgym.trainer.config import RLTrainerConfig
+
+__all__ = ["DeepSpeedEngine", "deepspeed_available", "deepspeed_config", "launcher_command"]
+
+
+def deepspeed_available() -> bool:
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def deepspeed_config(config: RLTrainerConfig, settings: OptimizerSettings | None = None) -> dict[str, Any]:
+    """The DeepSpeed config dict for ``config`` (ZeRO stage, bf16, optimizer, clipping)."""
+    settings = settings or OptimizerSettings(
+        config.learning_rate, config.adam_betas, config.adam_eps, config.weight_decay, config.max_grad_norm
+    )
+    stage = int(config.zero_stage)
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0..3, got {stage}")
+    zero: dict[str, Any] = {
+        "stage": stage,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": 5e8,
+    }
+    if stage == 2:
+        zero.update(allgather_partitions=True, allgather_bucket_size=5e8, reduce_scatter=True)
+    if stage == 3:
+        zero.update(
+            stage3_gather_16bit_weights_on_model_save=True,
+            stage3_prefetch_bucket_size=5e8,
+            stage3_param_persistence_threshold=1e6,
+            stage3_max_live_parameters=1e9,
+            stage3_max_reuse_distance=1e9,
+        )
+    world = max(1, int(config.gpus))
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": world,
+        "gradient_clipping": settings.max_grad_norm,
+        "bf16": {"enabled": bool(config.bf16)},
+        "fp16": {"enabled": config.dtype == "float16" and not config.bf16},
+        "zero_optimization": zero,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": settings.lr,
+                "betas": list(settings.betas),
+                "eps": settings.eps,
+                "weight_decay": settings.weight_decay,
+            },
+        },
+        "activation_checkpointing": {
+            "partition_activations": False,
+            "contiguous_memory_optimization": False,
+        }
+        if config.gradient_checkpointing
+        else {},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def launcher_command(
+    config_path: str | Path,
+    gpus: int,
+    *,
+    run_yaml: str | Path | None = None,
+    hostfile: str | Path | None = None,
+    master_port: int = 29500,
+    extra_args: list[str] | None = None,
+) -> list[str]:
+    """``deepspeed`` launcher argv running the trainer on ``gpus`` GPUs per node.
+
+    ``config_path`` is the trainer's JSON config (``RLTrainerConfig.to_dict()``) or, with
+    ``run_yaml``, the TrainingRun file; the module entry point is ``agentgym.trainer.entrypoint``.
+    """
+    if gpus < 1:
+        raise ValueError("the DeepSpeed launcher needs gpus >= 1")
+    argv = ["deepspeed"]
+    if hostfile is not None:
+        argv += ["--hostfile", str(hostfile)]
+    else:
+        argv += ["--num_gpus", str(gpus)]
+    argv += ["--master_port", str(master_port), "--module", "agentgym.trainer.entrypoint"]
+    if run_yaml is not None:
+        argv += ["--run", str(run_yaml)]
+    else:
+        argv += ["--config", str(config_path)]
+    argv += list(extra_args or [])
+    return argv
+
+
+def launcher_command_line(*args: Any, **kwargs: Any) -> str:
+    return shlex.join(launcher_command(*args, **kwargs))
+
+
+class DeepSpeedEngine:
+    """``PolicyEngine`` over a DeepSpeed engine (ZeRO-2/3)."""
+
+    def __init__(self, module: nn.Module, settings: OptimizerSettings, config: RLTrainerConfig) -> None:
+        try:
+            import deepspeed
+        except ImportError as error:  # pragma: no cover - exercised only where deepspeed is installed
+            raise RuntimeError(
+                "backend 'deepspeed' needs the deepspeed package (GPU images); use backend 'torch' on CPU"
+            ) from error
+        self.settings = settings
+        self.config_dict = deepspeed_config(config, settings)
+        engine, optimizer, _, _ = deepspeed.initialize(
+            model=module,
+            model_parameters=[p for p in module.parameters() if p.requires_grad],
+            config=self.config_dict,
+        )
+        self.ds = engine
+        self.optimizer = optimizer
+        self.module = engine.module
+        self.zero_stage = int(config.zero_stage)
+
+    def backward(self, loss: Tensor, last: bool) -> None:  # pragma: no cover - GPU only
+        self.ds.set_gradient_accumulation_boundary(last)
+        self.ds.backward(loss, scale_wrt_gas=False)
+
+    def step(self) -> float:  # pragma: no cover - GPU only
+        self.ds.set_gradient_accumulation_boundary(True)
+        self.ds.step()
+        norm = self.ds.get_global_grad_norm()
+        return float(norm) if norm is not None else 0.0
+
+    def set_lr(self, lr: float) -> None:  # pragma: no cover - GPU only
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def get_lr(self) -> float:  # pragma: no cover - GPU only
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def optimizer_state(self) -> dict[str, Any]:  # pragma: no cover - GPU only
+        state: dict[str, Any] = self.optimizer.state_dict()
+        return state
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:  # pragma: no cover - GPU only
+        self.optimizer.load_state_dict(state)
+
+    def save_engine_state(self, folder: Path) -> None:  # pragma: no cover - GPU only
+        """Optimizer (partitioned under ZeRO) and engine state, in DeepSpeed's own layout."""
+        self.ds.save_checkpoint(str(folder), tag="engine", save_latest=False)
+
+    def load_engine_state(self, folder: Path) -> None:  # pragma: no cover - GPU only
+        self.ds.load_checkpoint(
+            str(folder),
+            tag="engine",
+            load_module_strict=False,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=False,
+        )
+
+    def save_hf_model(self, folder: Path) -> None:  # pragma: no cover - GPU only
+        """Save the full (gathered under ZeRO-3) 16-bit weights as an HF folder, on rank 0."""
+        import torch.distributed as dist
+
+        state = self.ds._zero3_consolidated_16bit_state_dict() if self.zero_stage == 3 else self.module.state_dict()
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            self.module.save_pretrained(str(folder), state_dict=state)
+
+    def load_hf_model(self, folder: Path) -> None:  # pragma: no cover - GPU only
+        from agentgym.trainer.checkpoint import load_hf_weights
+
+        if self.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=0):
+                load_hf_weights(self.module, folder)
+        else:
+            load_hf_weights(self.module, folder)
+        torch.cuda.synchronize()

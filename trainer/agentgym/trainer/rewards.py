@@ -1,0 +1,144 @@
+"""Rewards of trajectories: the outcome reward and the per-turn rewards, in one normalised unit.
+
+Outcome reward (``outcome_reward``)
+    ``"score"`` (default): the environment's final score normalised to [0, 1] and clipped there:
+    ``clip(final_score / scale, 0, 1)`` with ``scale`` 100 for SciWorld (ScienceWorld scores
+    0-100) and 1 for BabyAI (minigrid's ``1 - 0.9 * steps / max_steps``), TextCraft, Deep Search
+    and WebArena (0/1). ``"success"``: 1 for a successful episode, else 0. ``"none"``: 0 (use with
+    per-turn rewards only).
+Per-turn rewards (``turn_reward_coef``)
+    ``Turn.reward`` (the environment's step reward plus any rollout-side shaping penalties) divided
+    by the same ``scale``, times ``turn_reward_coef``. DEFAULT 0: the environments' step rewards
+    already add up to the episode score (TextCraft pays 1 on the crafting step, BabyAI its reward on
+    the success step, SciWorld the score increments), so adding them to the outcome reward would
+    count the result twice. Set it (e.g. with ``outcome_reward="none"`` for dense credit, or to
+    bring in shaping penalties) when that is what you want.
+
+Where rewards go
+    Token-level estimators (PPO-GAE, REINFORCE++): each turn's reward on the LAST SAMPLED token of
+    that turn's action and the outcome reward on the last sampled token of the trajectory, via
+    :func:`agentgym.trainer.advantages.place_turn_rewards` (turn ``k`` ends at ``Turn.action_end``).
+    Outcome estimators (GRPO, RLOO): one score per trajectory,
+    ``outcome + turn_reward_coef * sum_k turn_reward_k / scale``, compared within its ``group_id``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from agentgym.proto import rl_pb2
+from agentgym.trainer.advantages import place_turn_rewards
+
+OutcomeReward = Literal["score", "success", "none"]
+
+# Environment score unit -> 1: final_score / scale is in [0, 1].
+DEFAULT_SCORE_SCALES: dict[str, float] = {
+    "babyai": 1.0,
+    "textcraft": 1.0,
+    "sciworld": 100.0,
+    "deepsearch": 1.0,
+    "webarena": 1.0,
+}
+
+__all__ = [
+    "DEFAULT_SCORE_SCALES",
+    "OutcomeReward",
+    "RewardConfig",
+    "outcome_reward",
+    "score_scale",
+    "token_rewards",
+    "trajectory_scores",
+]
+
+
+class RewardConfig:
+    """How trajectories are turned into rewards (see the module docstring)."""
+
+    def __init__(
+        self,
+        outcome: OutcomeReward = "score",
+        turn_reward_coef: float = 0.0,
+        score_scales: Mapping[str, float] | None = None,
+    ) -> None:
+        if outcome not in ("score", "success", "none"):
+            raise ValueError(f"outcome reward must be score, success or none, got {outcome!r}")
+        self.outcome: OutcomeReward = outcome
+        self.turn_reward_coef = float(turn_reward_coef)
+        self.score_scales = {**DEFAULT_SCORE_SCALES, **dict(score_scales or {})}
+        for name, scale in self.score_scales.items():
+            if not scale > 0:
+                raise ValueError(f"score scale of {name!r} must be > 0, got {scale}")
+
+
+def score_scale(environment: str, config: RewardConfig) -> float:
+    """The unit of ``environment``'s scores (1 for unknown environments)."""
+    return config.score_scales.get(environment, 1.0)
+
+
+def outcome_reward(trajectory: rl_pb2.Trajectory, config: RewardConfig) -> float:
+    """The outcome reward of one trajectory, in [0, 1]."""
+    if config.outcome == "none":
+        return 0.0
+    if config.outcome == "success":
+        return 1.0 if trajectory.success else 0.0
+    value = trajectory.final_score / score_scale(trajectory.environment, config)
+    return min(1.0, max(0.0, value))
+
+
+def _turn_rewards(trajectory: rl_pb2.Trajectory, config: RewardConfig) -> tuple[list[int], list[float]]:
+    """(turn ends, scaled turn rewards) of the turns that have sampled tokens, in order.
+
+    A turn whose action span is empty (the engine returned no token) has no token to carry a
+    reward; it is skipped.
+    """
+    ends: list[int] = []
+    rewards: list[float] = []
+    if config.turn_reward_coef == 0.0:
+        return ends, rewards
+    scale = score_scale(trajectory.environment, config)
+    previous = 0
+    length = len(trajectory.response_token_ids)
+    for turn in trajectory.turns:
+        end = int(turn.action_end)
+        if end <= previous or end > length or turn.action_end <= turn.action_start:
+            continue
+        ends.append(end)
+        rewards.append(config.turn_reward_coef * float(turn.reward) / scale)
+        previous = end
+    return ends, rewards
+
+
+def trajectory_scores(trajectories: Sequence[rl_pb2.Trajectory], config: RewardConfig) -> Tensor:
+    """``[B]`` scores for GRPO/RLOO: outcome reward plus the weighted sum of turn rewards."""
+    values = []
+    for trajectory in trajectories:
+        _, rewards = _turn_rewards(trajectory, config)
+        values.append(outcome_reward(trajectory, config) + sum(rewards))
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def token_rewards(trajectories: Sequence[rl_pb2.Trajectory], response_mask: Tensor, config: RewardConfig) -> Tensor:
+    """``[B, T]`` token rewards for PPO / REINFORCE++ (turn rewards + outcome, on sampled tokens)."""
+    batch, length = response_mask.shape
+    if batch != len(trajectories):
+        raise ValueError(f"{len(trajectories)} trajectories for a mask of {batch} rows")
+    rows = []
+    for b, trajectory in enumerate(trajectories):
+        mask_row = response_mask[b : b + 1]
+        ends, rewards = _turn_rewards(trajectory, config)
+        ends = [min(e, length) for e in ends]
+        rows.append(
+            place_turn_rewards(
+                mask_row,
+                [ends],
+                [rewards],
+                outcome_rewards=[outcome_reward(trajectory, config)],
+            )
+        )
+    if not rows:
+        return torch.zeros(0, length)
+    return torch.cat(rows, dim=0)

@@ -1,0 +1,132 @@
+"""SFT data from expert demonstrations, in exactly the token layout of a rollout.
+
+AgentGym warm-starts agents by behaviour cloning on expert trajectories (AgentTraj). Here the
+environments' scripted experts (``agentgym.envs.make_expert(name).demonstrate(task_id)``) give the
+bare actions; each is replayed in-process to get the observations, and the conversation is
+rendered with the SAME prompt template and token splicing as the rollout worker:
+
+    prompt  = ChatTokenizer.prompt_ids(template.first_messages(first observation))
+    turn k  = encode(reply_k) + [eos]                      loss 1 (what the model would sample)
+              + ChatTokenizer.observation_ids(obs_k)[0]    loss 0 (not after the last turn)
+
+``reply_k`` is ``"Thought: <thought>\\nAction: <action>"`` for the Thought/Action environments
+(the rollout parser reads the action back from it), ``"<thought>\\n<search>...</search>"`` for
+Deep Search and ``"<thought>\\n```<action>```"`` for WebArena. The thought is a short generic
+sentence (the experts give actions only). Demonstrations whose replay does not succeed are skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentgym.rollout.prompts import ActionFormat, PromptTemplate, template_for
+from agentgym.rollout.tokens import ChatTokenizer
+from agentgym.trainer.trainer import SFTExample
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SFTBuildReport", "default_thought", "expert_sft_examples", "render_reply", "sample_task_ids"]
+
+
+def default_thought(environment: str, action: str, turn: int) -> str:
+    """A short, generic reasoning line for an expert action."""
+    if turn == 0:
+        return f"To work towards the goal, I will start with: {action}."
+    return f"Given what I see now, the next step is: {action}."
+
+
+def render_reply(action_format: ActionFormat, thought: str, action: str) -> str:
+    """The assistant text for one turn, in the format the rollout parser reads."""
+    if action_format == "thought_action":
+        return f"Thought: {thought}\nAction: {action}"
+    if action_format == "search_tags":
+        return f"{thought}\n{action}"
+    if action_format == "fenced":
+        return f"{thought}\n```{action}```"
+    raise ValueError(f"unknown action format {action_format!r}")
+
+
+@dataclass
+class SFTBuildReport:
+    built: int = 0
+    skipped_unsuccessful: int = 0
+    skipped_errors: int = 0
+    truncated: int = 0
+
+
+def sample_task_ids(environment: str, split: str, count: int, seed: int = 0) -> list[str]:
+    """``count`` distinct task ids of ``split`` (all when fewer), deterministic for ``seed``."""
+    from agentgym.envs import environment_class
+
+    catalog = environment_class(environment).catalog()
+    size = catalog.splits().get(split)
+    if size is None:
+        raise ValueError(f"{environment} has no split {split!r}")
+    indices = random.Random(f"{seed}/{environment}/{split}").sample(range(size), min(count, size))
+    return [catalog.task_id(split, i) for i in sorted(indices)]
+
+
+def expert_sft_examples(
+    environment: str,
+    task_ids: Sequence[str],
+    chat: ChatTokenizer,
+    *,
+    template: PromptTemplate | None = None,
+    thought: Callable[[str, str, int], str] = default_thought,
+    max_tokens: int = 4096,
+    make_env: Callable[[str], Any] | None = None,
+    make_expert: Callable[[str], Any] | None = None,
+    report: SFTBuildReport | None = None,
+) -> list[SFTExample]:
+    """SFT examples for ``task_ids`` of ``environment`` from its expert, replayed in-process."""
+    from agentgym import envs
+
+    template = template or template_for(environment)
+    make_env = make_env or envs.make
+    expert = (make_expert or envs.make_expert)(environment)
+    report = report if report is not None else SFTBuildReport()
+    tokenizer = chat.tokenizer
+    examples = []
+    for task_id in task_ids:
+        env = make_env(environment)
+        try:
+            actions = list(expert.demonstrate(task_id))
+            first = env.reset(task_id)
+            prompt = chat.prompt_ids(template.first_messages(first.observation))
+            response: list[int] = []
+            mask: list[int] = []
+            success = False
+            for turn, action in enumerate(actions):
+                reply = render_reply(template.action_format, thought(environment, action, turn), action)
+                reply_ids = [*tokenizer.encode(reply, add_special_tokens=False), chat.eos_token_id]
+                if len(prompt) + len(response) + len(reply_ids) > max_tokens:
+                    report.truncated += 1
+                    break
+                response += reply_ids
+                mask += [1] * len(reply_ids)
+                result = env.step(action)
+                if result.done or result.truncated:
+                    success = bool(result.info.get("success", False))
+                    break
+                observation_ids, _ = chat.observation_ids(result.observation, True)
+                if len(prompt) + len(response) + len(observation_ids) > max_tokens:
+                    report.truncated += 1
+                    break
+                response += observation_ids
+                mask += [0] * len(observation_ids)
+        except Exception as error:
+            report.skipped_errors += 1
+            log.warning("expert demonstration of %s/%s failed: %s", environment, task_id, error)
+            continue
+        finally:
+            env.close()
+        if not success:
+            report.skipped_unsuccessful += 1
+            continue
+        examples.append(SFTExample(prompt, response, mask, environment, task_id))
+        report.built += 1
+    return examples
