@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -68,8 +69,14 @@ class Supervisor:
         handle = log_path.open("ab")
         environment = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
         # A new session: Ctrl-C in the terminal reaches the runner only, which stops children in order.
+        # The parent-death signal makes children exit even if the runner itself is killed.
         process = subprocess.Popen(
-            spec.argv, stdout=handle, stderr=subprocess.STDOUT, env=environment, start_new_session=True
+            spec.argv,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         handle.close()
         return process, log_path
@@ -147,6 +154,18 @@ class Supervisor:
                 self.event("killed", name)
             else:
                 self.event("stopped", name, exit_code=managed.process.returncode)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to send SIGTERM when the parent dies (no-op elsewhere)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+PR_SET_PDEATHSIG = 1
 
 
 def tail(path: Path, lines: int = 20) -> str:

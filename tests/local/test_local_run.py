@@ -1,0 +1,126 @@
+"""`agentgym run` end to end: real NATS, real BabyAI service, the tiny model, the trainer, as processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+AGENTGYM = [sys.executable, "-m", "agentgym.cli"]
+
+
+def spec(name: str, total_steps: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "agentgym.io/v1alpha1",
+        "kind": "TrainingRun",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "builtin:tiny", "dtype": "float32", "maxContextTokens": 1024},
+            "environments": [{"name": "babyai", "maxEpisodes": 32}],
+            "algorithm": {"name": "grpo", "groupSize": 2, "learningRate": 1e-4, "klCoef": 0.0, "miniBatchSize": 4},
+            "curriculum": {"kind": "scaling_inter", "horizons": [2, 3], "stageSteps": 1},
+            "rollout": {"tasksPerStep": 2, "maxTokensPerTurn": 8, "concurrency": 8},
+            "inference": {"engine": "hf", "gpusPerReplica": 0, "maxBatchSize": 8},
+            "trainer": {"totalSteps": total_steps, "checkpointEvery": 1},
+        },
+    }
+
+
+def write_spec(tmp_path: Path, document: dict[str, Any]) -> Path:
+    path = tmp_path / f"{document['metadata']['name']}.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def metrics_by_step(run_dir: Path) -> dict[int, dict[str, Any]]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {int(r["step"]): r for r in rows}
+
+
+def test_bad_spec_is_rejected_before_anything_starts(tmp_path: Path) -> None:
+    document = spec("bad", 1)
+    document["spec"]["algorithm"]["groupSize"] = 0
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [*AGENTGYM, "run", str(write_spec(tmp_path, document)), "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "spec.algorithm.groupSize: Input should be greater than or equal to 1" in result.stderr
+    assert not run_dir.exists()  # nothing was started or written
+
+
+@pytest.mark.slow
+def test_a_short_run_trains_checkpoints_and_reports(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [*AGENTGYM, "run", str(write_spec(tmp_path, spec("short", 2))), "--run-dir", str(run_dir), "--no-live"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "step 2/2" in result.stdout
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["phase"] == "Succeeded" and status["step"] == 2
+    assert status["servedPolicyVersion"] == status["policyVersion"] >= 2
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Complete"] == "True"
+    steps = metrics_by_step(run_dir)
+    assert sorted(steps) == [0, 1]
+    assert [steps[s]["horizon"] for s in (0, 1)] == [2, 3]  # ScalingInter stepped up after stage 0
+    assert all(steps[s]["count/used"] == 4 for s in steps)
+    assert (run_dir / "checkpoints" / "step-2" / "model.safetensors").exists()
+    assert (run_dir / "spec.yaml").exists() and (run_dir / "logs" / "trainer.log").exists()
+
+    report = subprocess.run([*AGENTGYM, "report", str(run_dir)], capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    for name in ("reward_success.png", "turns_horizon.png", "failed_truncated.png", "report.html", "summary.txt"):
+        assert (run_dir / "report" / name).stat().st_size > 0
+    assert "horizons [2, 3]" in (run_dir / "report" / "summary.txt").read_text()
+    traces = subprocess.run([*AGENTGYM, "traces", str(run_dir)], capture_output=True, text=True, timeout=120)
+    assert traces.returncode == 0 and "8 episodes" in traces.stdout
+
+
+@pytest.mark.slow
+def test_a_killed_trainer_resumes_losing_nothing_and_counting_nothing_twice(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    runner = subprocess.Popen(
+        [*AGENTGYM, "run", str(write_spec(tmp_path, spec("resume", 3))), "--run-dir", str(run_dir), "--no-live"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not (run_dir / "checkpoints" / "step-1").exists():
+            assert runner.poll() is None, runner.communicate()
+            assert time.monotonic() < deadline, "no first checkpoint in time"
+            time.sleep(0.5)
+        events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+        trainer_pid = next(e["pid"] for e in events if e["event"] == "started" and e["process"] == "trainer")
+        os.kill(trainer_pid, signal.SIGKILL)  # a crash, mid-run
+        out, err = runner.communicate(timeout=900)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert runner.returncode == 0, out[-3000:] + err[-3000:]
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert any(e["event"] == "restarted" and e["process"] == "trainer" for e in events)
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["phase"] == "Succeeded" and status["step"] == 3
+    steps = metrics_by_step(run_dir)
+    assert sorted(steps) == [0, 1, 2]
+    # Every step trained on exactly its 2 tasks x 2 samples: none lost, none counted twice.
+    assert [steps[s]["count/used"] for s in (0, 1, 2)] == [4, 4, 4]
+    state = json.loads((run_dir / "checkpoints" / "step-3" / "trainer_state.json").read_text())
+    assert state["step"] == 3
