@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
-from countdown_env import CountdownEnv, make_manager
+from countdown_env import CountdownCatalog, CountdownEnv, make_manager
 
 from agentgym.envs.server.http_api import create_app
-from agentgym.envs.server.manager import EpisodeManager
+from agentgym.envs.server.manager import EpisodeManager, ManagerConfig
 
 
 @pytest.fixture
@@ -202,3 +203,36 @@ async def test_openapi_docs_are_served(client: httpx.AsyncClient) -> None:
     spec = (await client.get("/openapi.json")).json()
     assert "/v1/episodes/{episode_id}/step" in spec["paths"]
     assert (await client.get("/docs")).status_code == 200
+
+
+async def test_environment_out_of_capacity_is_429_and_the_episode_survives() -> None:
+    from agentgym.envs.base import EnvironmentBusyError
+
+    class BusyOnce(CountdownEnv):
+        busy = True
+
+        def reset(self, task_id: str) -> Any:
+            if BusyOnce.busy:
+                BusyOnce.busy = False
+                raise EnvironmentBusyError("every slot is leased")
+            return super().reset(task_id)
+
+    manager = EpisodeManager("countdown", BusyOnce, CountdownCatalog(), ManagerConfig(max_episodes=4))
+    await manager.start()
+    app = create_app(manager, compat=False, manage_lifecycle=False)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://env") as client:
+        refused = await client.post("/v1/episodes", json={"task_id": "count/1"})
+        assert refused.status_code == 429 and "busy: every slot is leased" in refused.json()["detail"]
+        assert manager.live_episodes == 0  # nothing half-created is left behind
+        assert (await client.post("/v1/episodes", json={"task_id": "count/1"})).status_code == 201
+    await manager.stop()
+
+
+async def test_stop_closes_every_episode() -> None:
+    manager = make_manager()
+    await manager.start()
+    closed_before = CountdownEnv.closed
+    for _ in range(3):
+        await manager.open("count/2")
+    await manager.stop()
+    assert CountdownEnv.closed - closed_before == 3

@@ -12,6 +12,7 @@ from typing import Any
 
 from agentgym.envs.base import (
     Environment,
+    EnvironmentBusyError,
     Expert,
     ResetResult,
     StepResult,
@@ -59,6 +60,7 @@ def make_expert(name: str, **config: Any) -> Expert:
 __all__ = [
     "ENVIRONMENT_CLASSES",
     "Environment",
+    "EnvironmentBusyError",
     "Expert",
     "ResetResult",
     "StepResult",

@@ -25,6 +25,13 @@ class UnknownTaskError(KeyError):
         return str(self.args[0]) if self.args else "unknown task"
 
 
+class EnvironmentBusyError(RuntimeError):
+    """The environment has no capacity for another episode right now (e.g. every JVM slot is leased).
+
+    The service answers it like its own live-episode cap: 429 / RESOURCE_EXHAUSTED, retry later.
+    """
+
+
 class EpisodeNotStartedError(RuntimeError):
     """`step`/`observe` called before `reset`."""
 

@@ -27,6 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentgym.envs.base import EnvironmentBusyError
 from agentgym.envs.sciworld.jvm import (
     JVMError,
     JVMSettings,
@@ -38,7 +39,7 @@ from agentgym.envs.sciworld.jvm import (
 log = logging.getLogger(__name__)
 
 
-class PoolExhaustedError(RuntimeError):
+class PoolExhaustedError(EnvironmentBusyError):
     """No slot became free within the lease timeout."""
 
 

@@ -22,7 +22,14 @@ from typing import Any, Literal, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from agentgym.envs.base import Environment, ResetResult, StepResult, TaskCatalog, UnknownTaskError
+from agentgym.envs.base import (
+    Environment,
+    EnvironmentBusyError,
+    ResetResult,
+    StepResult,
+    TaskCatalog,
+    UnknownTaskError,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -36,8 +43,8 @@ class EpisodeNotFoundError(LookupError):
 
 
 class CapacityError(RuntimeError):
-    def __init__(self, cap: int) -> None:
-        super().__init__(f"live-episode cap reached ({cap}); close episodes or retry later")
+    def __init__(self, cap: int | None = None, message: str | None = None) -> None:
+        super().__init__(message or f"live-episode cap reached ({cap}); close episodes or retry later")
 
 
 class EpisodeStateError(RuntimeError):
@@ -152,9 +159,13 @@ class EpisodeManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
             self._reaper = None
-        for episode_id in list(self._episodes):
-            await self._discard(episode_id, reason="shutdown")
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        # Close every episode (returning JVMs, browsers, ...) before the pool goes: queued closes
+        # run first; a step still stuck past its timeout cannot hold shutdown up for long.
+        closing = [self._discard(episode_id, reason="shutdown") for episode_id in list(self._episodes)]
+        await asyncio.gather(*closing)
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(loop.run_in_executor(None, self._executor.shutdown, True), timeout=30)
 
     @property
     def live_episodes(self) -> int:
@@ -212,6 +223,10 @@ class EpisodeManager:
             episode.status = "running"
             try:
                 result = await self._in_thread(lambda: episode.env.reset(task_id), self.config.reset_timeout_s)
+            except EnvironmentBusyError as error:
+                episode.status = "open"  # nothing broke: the episode can be reset again later
+                self.metrics.rejected.labels(self.environment, "busy").inc()
+                raise CapacityError(message=f"{self.environment} is busy: {error}") from error
             except Exception as error:
                 reason = f"reset of {task_id!r} failed: {_describe(error)}"
                 self._fail(episode, reason, error)
