@@ -27,6 +27,8 @@ def catalog() -> BabyAICatalog:
 def test_forty_distinct_registered_non_debug_levels() -> None:
     assert len(LEVELS) == 40
     assert len(set(LEVELS)) == 40
+    import minigrid  # noqa: F401 - importing minigrid registers the BabyAI levels with gymnasium
+
     registered = set(gymnasium.registry)
     for level in LEVELS:
         assert "Debug" not in level
@@ -34,8 +36,9 @@ def test_forty_distinct_registered_non_debug_levels() -> None:
 
 
 def test_split_sizes(catalog: BabyAICatalog) -> None:
-    assert catalog.splits() == {"train": 40 * TRAIN_PER_LEVEL, "test": 40 * TEST_PER_LEVEL}
-    assert catalog.splits() == {"train": 40_000, "test": 1_000}
+    splits = catalog.splits()
+    assert (splits["train"], splits["test"]) == (40 * TRAIN_PER_LEVEL, 40 * TEST_PER_LEVEL) == (40_000, 1_000)
+    assert set(splits) == {"train", "test", "train-easy", "test-easy"}
 
 
 def test_catalog_is_cached() -> None:
@@ -111,3 +114,16 @@ def test_unknown_task_ids(catalog: BabyAICatalog, task_id: str) -> None:
 def test_out_of_range(catalog: BabyAICatalog, split: str, index: int) -> None:
     with pytest.raises(UnknownTaskError, match=split):
         catalog.task_id(split, index)
+
+
+def test_easy_subset_splits_are_views_over_three_levels() -> None:
+    from agentgym.envs.babyai.levels import LEVEL_SUBSETS, catalog
+
+    cat = catalog()
+    splits = cat.splits()
+    assert splits["train-easy"] == 3 * 1000 and splits["test-easy"] == 3 * 25
+    ids = cat.task_ids("test-easy")
+    assert ids[:4] == ["GoToRedBallGrey/s0", "GoToRedBall/s0", "GoToRedBallNoDists/s0", "GoToRedBallGrey/s1"]
+    assert {i.split("/")[0] for i in ids} == set(LEVEL_SUBSETS["easy"])
+    assert cat.describe(cat.task_id("train-easy", 5))["split"] == "train"  # ordinary task ids
+    assert set(cat.task_ids("train-easy", limit=300)).isdisjoint(ids)

@@ -84,6 +84,12 @@ _SPLIT_SEEDS: dict[str, tuple[int, int]] = {
     "test": (TEST_SEED_START, TEST_PER_LEVEL),
 }
 
+# Views of the splits over a few levels, for quick runs (the CPU quickstart): "<split>-<subset>".
+# Their task ids are the ordinary ones (a subset task is also a task of the base split).
+LEVEL_SUBSETS: dict[str, tuple[str, ...]] = {
+    "easy": ("GoToRedBallGrey", "GoToRedBall", "GoToRedBallNoDists"),
+}
+
 _LEVEL_INDEX: dict[str, int] = {level: i for i, level in enumerate(LEVELS)}
 _TASK_ID_RE = re.compile(r"^(?P<level>[A-Za-z0-9]+)/s(?P<seed>0|[1-9][0-9]*)$")
 
@@ -140,14 +146,20 @@ class BabyAICatalog(TaskCatalog):
     """Tasks ``<Level>/s<seed>``: 40 levels x (1000 train + 25 test) seeds."""
 
     def splits(self) -> dict[str, int]:
-        return {split: count * len(LEVELS) for split, (_, count) in _SPLIT_SEEDS.items()}
+        splits = {split: count * len(LEVELS) for split, (_, count) in _SPLIT_SEEDS.items()}
+        for subset, levels in LEVEL_SUBSETS.items():
+            for split, (_, count) in _SPLIT_SEEDS.items():
+                splits[f"{split}-{subset}"] = count * len(levels)
+        return splits
 
     def task(self, split: str, index: int) -> BabyAITask:
         """The `index`-th task of `split` (levels interleaved, then seeds ascending)."""
         self._check_split_index(split, index)
-        first, _ = _SPLIT_SEEDS[split]
-        level_index, seed_offset = index % len(LEVELS), index // len(LEVELS)
-        return BabyAITask(level=LEVELS[level_index], seed=first + seed_offset, split=split)
+        base, _, subset = split.partition("-")
+        levels = LEVEL_SUBSETS[subset] if subset else LEVELS
+        first, _ = _SPLIT_SEEDS[base]
+        level_index, seed_offset = index % len(levels), index // len(levels)
+        return BabyAITask(level=levels[level_index], seed=first + seed_offset, split=base)
 
     def task_id(self, split: str, index: int) -> str:
         return self.task(split, index).task_id
