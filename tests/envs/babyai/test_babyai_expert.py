@@ -13,7 +13,7 @@ from agentgym.envs.babyai.expert import BabyAIExpert, BabyAIExpertError
 from agentgym.envs.babyai.levels import LEVELS
 
 MACRO = re.compile(
-    r"^(turn left|turn right|move forward|drop|(pick up|toggle) (red|green|blue|purple|yellow|grey) \w+ \d+)$"
+    r"^(turn left|turn right|move forward|drop|(pick up|toggle|go to) (red|green|blue|purple|yellow|grey) \w+ \d+)$"
 )
 
 
@@ -78,3 +78,19 @@ def test_expert_test_split_sample() -> None:
     rate, failures = replay_success_rate(task_ids)
     print(f"expert replay success: {rate:.1%} of {len(task_ids)} test tasks; failures {dict(failures)}")
     assert rate >= 0.95
+
+
+def test_goto_missions_use_the_go_to_macro() -> None:
+    from agentgym.envs import make
+
+    expert = BabyAIExpert()
+    for task_id in ("GoToRedBall/s0", "GoToRedBallGrey/s3", "GoToRedBallNoDists/s1"):
+        actions = expert.demonstrate(task_id)
+        assert actions[-1].startswith("go to red ball ")
+        step_by_step = BabyAIExpert(use_macros=False).demonstrate(task_id)
+        assert len(actions) <= len(step_by_step)
+        env = make("babyai")
+        env.reset(task_id)
+        for action in actions:
+            result = env.step(action)
+        assert result.done and result.info["success"]

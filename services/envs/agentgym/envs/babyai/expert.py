@@ -7,9 +7,11 @@ steps the text environment with it, so the bot always sees the state the macro p
 `BabyAIEnv.reset` is deterministic, replaying the returned actions on a fresh environment
 reproduces the expert's episode exactly.
 
-Demonstrations are primitive-grained (one macro per bot step); they are not compressed into
-``go to`` macros, which keeps them faithful to the bot's trajectory (and so to the order in
-which objects are first seen, which is what object names depend on).
+Demonstrations are primitive-grained (one macro per bot step), except that for a single "go to"
+mission the expert, like a good agent, says ``go to <object n>`` as soon as a matching object
+has been seen (the environment path-finds to it) instead of spelling out the walk. That keeps
+demonstrations short (SFT data fits small contexts) and shows the macro actions in use.
+`use_macros=False` gives the bot's trajectory step by step.
 
 The bot occasionally loops forever while replanning (e.g. on some GoToImpUnlock layouts);
 a search budget per decision turns that into a `BabyAIExpertError`.
@@ -17,6 +19,7 @@ a search budget per decision turns that into a `BabyAIExpertError`.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from minigrid.utils.baby_ai_bot import BabyAIBot
@@ -27,6 +30,9 @@ from agentgym.envs.babyai.world import DONE, DROP, FORWARD, LEFT, PICKUP, RIGHT,
 # Breadth-first searches one bot decision may run before it counts as stuck. A normal decision
 # runs at most about ten; the bot's replanning loops run them without end.
 MAX_SEARCHES_PER_DECISION = 200
+
+# A single "go to" mission, e.g. "go to the red ball" / "go to a grey key".
+_GOTO_MISSION = re.compile(r"^go to (?:the|a) (?P<color>\w+) (?P<kind>\w+)$")
 
 
 class BabyAIExpertError(RuntimeError):
@@ -59,9 +65,10 @@ class _BudgetedBot(BabyAIBot):
 class BabyAIExpert:
     """Scripted solver for BabyAI tasks (`demonstrate(task_id) -> macro actions`)."""
 
-    def __init__(self, *, max_steps: int | None = None) -> None:
+    def __init__(self, *, max_steps: int | None = None, use_macros: bool = True) -> None:
         """`max_steps` must match the `BabyAIEnv` the demonstrations will be replayed in."""
         self._max_steps = max_steps
+        self._use_macros = use_macros
 
     def demonstrate(self, task_id: str) -> list[str]:
         """Macro actions that solve `task_id` when replayed on a freshly reset `BabyAIEnv`.
@@ -82,7 +89,13 @@ class BabyAIExpert:
         actions: list[str] = []
         # Every valid macro here costs one primitive step and the episode ends at max_steps;
         # the slack covers proposals the environment rejects (which cost no step).
+        goto = _GOTO_MISSION.match(str(level.mission)) if self._use_macros else None
         for _ in range(2 * int(level.max_steps) + 10):
+            if goto is not None:
+                shortcut = self._goto_shortcut(env, goto["color"], goto["kind"])
+                if shortcut is not None:
+                    actions.append(shortcut)
+                    return actions
             try:
                 primitive = bot.replan()
             except _BotStuckError as stuck:
@@ -105,6 +118,20 @@ class BabyAIExpert:
                 outcome = "ran out of steps" if result.truncated else "failed the mission"
                 raise BabyAIExpertError(f"BabyAIBot {outcome} on {task_id}")
         raise BabyAIExpertError(f"BabyAIBot made no progress on {task_id}")
+
+    @staticmethod
+    def _goto_shortcut(env: BabyAIEnv, color: str, kind: str) -> str | None:
+        """A `go to <object n>` that completes the mission, when a matching object has been seen."""
+        prefix = f"go to {color} {kind} "
+        for action in env.available_actions() or []:
+            if action.startswith(prefix):
+                result = env.step(action)
+                if result.info["success"]:
+                    return action
+                if not result.info["invalid_action"]:
+                    # A valid walk that did not finish the mission changed the state under the bot.
+                    raise BabyAIExpertError(f"'{action}' moved the agent without completing the mission")
+        return None
 
     @staticmethod
     def _macro(env: BabyAIEnv, primitive: int) -> str | None:
