@@ -237,6 +237,8 @@ class TrainerSpec(SpecModel):
     seed: int = 0
     sft_warmup_steps: int = Field(default=0, ge=0)
     """Supervised steps on expert demonstrations before RL."""
+    sft_learning_rate: float = Field(default=1e-4, gt=0)
+    """Learning rate of the SFT warm-up (a small model trained from scratch wants a larger one)."""
 
     @model_validator(mode="after")
     def _deepspeed_needs_gpus(self) -> TrainerSpec:

@@ -290,6 +290,7 @@ class RLTrainerConfig:
             "keep_checkpoints": tr.keep_checkpoints,
             "seed": tr.seed,
             "sft_warmup_steps": tr.sft_warmup_steps,
+            "sft_learning_rate": tr.sft_learning_rate,
         }
         values.update(overrides)
         return cls(**values)
