@@ -16,17 +16,38 @@ from agentgym.trainer.entrypoint import config_from_args
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def test_from_quickstart_spec() -> None:
-    run = load_training_run(EXAMPLES / "quickstart.yaml")
+def test_from_spec_maps_every_field_group() -> None:
+    from agentgym.spec import parse_training_run
+
+    run = parse_training_run(
+        {
+            "metadata": {"name": "quick"},
+            "spec": {
+                "model": {"name": "builtin:tiny", "maxContextTokens": 2048},
+                "environments": [{"name": "babyai", "split": "train-easy"}],
+                "algorithm": {"name": "grpo", "groupSize": 8, "learningRate": 1e-4},
+                "curriculum": {"kind": "scaling_inter", "horizons": [4, 8, 12], "stageSteps": 10},
+                "trainer": {"totalSteps": 30, "checkpointEvery": 5, "sftWarmupSteps": 40, "sftLearningRate": 1e-3},
+                "storage": {"checkpointUri": "file://runs/quickstart"},
+            },
+        }
+    )
     config = RLTrainerConfig.from_spec(run.spec, run=run.metadata.name)
-    assert config.output_dir == Path("runs/quickstart/quickstart")
+    assert config.output_dir == Path("runs/quickstart/quick")
     assert (config.algorithm, config.group_size, config.learning_rate) == ("grpo", 8, 1e-4)
-    assert config.environments == [EnvironmentConfig("babyai", "train", 1.0)]
+    assert config.environments == [EnvironmentConfig("babyai", "train-easy", 1.0)]
     assert (config.total_steps, config.checkpoint_every, config.sft_warmup_steps) == (30, 5, 40)
+    assert config.sft_learning_rate == 1e-3
     assert config.max_context_tokens == 2048
     schedule = config.build_schedule()
     assert isinstance(schedule, ScalingInterSchedule)
     assert [schedule.horizon(s) for s in (0, 9, 10, 20)] == [4, 4, 8, 12]
+
+
+def test_the_quickstart_example_maps() -> None:
+    run = load_training_run(EXAMPLES / "quickstart.yaml")
+    config = RLTrainerConfig.from_spec(run.spec, run=run.metadata.name)
+    assert config.environments[0].name == "babyai" and config.total_steps == run.spec.trainer.total_steps
 
 
 def test_curriculum_kinds_from_spec() -> None:
