@@ -129,12 +129,14 @@ async def run_training(
                 if sft_examples is not None:
                     examples = list(sft_examples)
                 else:
-                    examples = build_warmup_examples(config, trainer.tokenizer)
-                trainer.sft(examples, config.sft_warmup_steps)
-                trainer.save_checkpoint()
+                    examples = await asyncio.to_thread(build_warmup_examples, config, trainer.tokenizer)
+                # Compute runs on a worker thread: the event loop must keep answering NATS pings and
+                # sending the collector's in-progress heartbeats, or the server drops the connection.
+                await asyncio.to_thread(trainer.sft, examples, config.sft_warmup_steps)
+                await asyncio.to_thread(trainer.save_checkpoint)
         policy_dir = trainer.current_policy_dir
         if policy_dir is None:
-            policy_dir = trainer.export_weights()
+            policy_dir = await asyncio.to_thread(trainer.export_weights)
         await publish_weight_update(js, channels, trainer.policy_version, policy_dir, trainer.step)
         await publish_curriculum(js, channels, trainer.schedule.state())
         published: set[int] = set()
@@ -150,13 +152,13 @@ async def run_training(
                 if config.max_staleness > 0 and step + 1 < config.total_steps and step + 1 not in published:
                     await publisher.publish(step + 1, _next_horizon(trainer, step + 1), trainer.policy_version)
                     published.add(step + 1)
-                metrics = trainer.train_step(batch.trajectories, extra_counts=batch.counts)
+                metrics = await asyncio.to_thread(trainer.train_step, batch.trajectories, extra_counts=batch.counts)
                 if trainer.step % config.checkpoint_every == 0 or trainer.step >= config.total_steps:
-                    path = trainer.save_checkpoint()
+                    path = await asyncio.to_thread(trainer.save_checkpoint)
                     acked = await collector.commit()
                     log.info("step %d checkpointed at %s; acked %d messages", step, path, acked)
                 else:
-                    path = trainer.export_weights()
+                    path = await asyncio.to_thread(trainer.export_weights)
                 await publish_weight_update(js, channels, trainer.policy_version, path, trainer.step)
                 await publish_curriculum(js, channels, trainer.schedule.state())
                 all_stats = metrics.env.get("all", {})
