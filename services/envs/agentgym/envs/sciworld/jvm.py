@@ -254,8 +254,14 @@ class ScienceWorldJVM:
             if line.strip().isdigit():
                 self._stdout.lines = None  # from here on, only keep a tail
                 return int(line.strip())
-            if line == "" and self.process.poll() is not None:
-                raise JVMError(self.failure_reason())
+            if line == "":
+                # EOF on stdout: the JVM is exiting. The pipe can close a moment before the process
+                # is reaped, so wait for the exit instead of trusting poll() right now.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.process.wait(timeout=10)
+                if self.process.poll() is not None:
+                    raise JVMError(self.failure_reason())
+                raise JVMError("the JVM closed its output without printing a gateway port")
 
     # -- health ----------------------------------------------------------------------------------
 
