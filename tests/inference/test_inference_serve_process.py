@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from agentgym.inference.client import CompletionClient
@@ -20,7 +21,7 @@ async def test_serve_command_serves_and_stops_on_sigterm(tiny_dir: Path) -> None
     port = free_port()
     cmd = [sys.executable, "-m", "agentgym.cli", "inference", "serve", "--model", str(tiny_dir), "--port", str(port)]
     process = subprocess.Popen(
-        [*cmd, "--threads", "1", "--max-batch-size", "8", "--log-level", "warning"],
+        [*cmd, "--threads", "1", "--max-batch-size", "8", "--prefix-cache-tokens", "4096", "--log-level", "warning"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -33,6 +34,9 @@ async def test_serve_command_serves_and_stops_on_sigterm(tiny_dir: Path) -> None
                 await asyncio.sleep(0.2)
             [completion] = await client.complete([1, 2, 3], max_tokens=3, temperature=0.0)
             assert len(completion.token_ids) == 3 and completion.policy_version == 0
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as response:
+            metrics = await response.text()
+        assert "agentgym_inference_prefix_cache_capacity_tokens 4096.0" in metrics
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
     finally:

@@ -539,6 +539,10 @@ def inference_serve(
     dtype: Annotated[str, typer.Option(help="GPU dtype: bfloat16, float16, float32 (CPU: float32)")] = "bfloat16",
     threads: Annotated[int | None, typer.Option(min=1, help="torch CPU threads")] = None,
     policy_version: Annotated[int, typer.Option(min=0, help="Version of the initial weights")] = 0,
+    prefix_cache_tokens: Annotated[
+        int | None,
+        typer.Option(min=0, help="Prefix-cache budget, in tokens of KV kept (0 disables; default: 1 GiB worth)"),
+    ] = None,
     log_level: str = "info",
 ) -> None:
     """Serve a policy over the OpenAI-compatible completions API (docs at /docs)."""
@@ -565,6 +569,7 @@ def inference_serve(
         dtype=dtype,
         num_threads=threads,
         policy_version=policy_version,
+        prefix_cache_tokens=prefix_cache_tokens,
         log_level=log_level.lower(),
     )
 

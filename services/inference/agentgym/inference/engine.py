@@ -9,6 +9,29 @@ One worker thread owns the model and runs a continuous-batching loop:
 - Between decode steps, queued requests join the running batch (their prompts are prefilled together and
   their KV caches merged into the running one, left-padded to a common length) while there are free slots,
   and finished sequences leave it (their cache rows are dropped, and fully padded columns trimmed).
+- A request's `n` samples share one prefill row (its KV is copied to `n` rows after the forward pass).
+- The running batch's KV cache layers (`kv.GrowingLayer`) have spare rows and columns: a decode step writes
+  its column in place instead of copying the whole cache (transformers' `DynamicLayer` concatenates),
+  joining sequences are copied into free rows, and leaving ones are replaced by the last rows (so only
+  those are copied; the batch's row order changes, which changes nothing else).
+
+Automatic prefix caching (`prefix_cache.PrefixCache`, `prefix_cache_tokens` > 0): the KV of every prefilled
+prompt and of every finished sequence (its prompt and sampled ids but the last) is kept in an LRU store
+bounded by a token budget. A prompt that starts with cached ids (a multi-turn episode's next turn sends the
+whole conversation so far) reuses that KV for the longest cached prefix and prefills only the rest:
+
+- Rows with different cached lengths prefill together: each row's cached KV is left-padded to the longest
+  cached length and its new tokens to the longest suffix, so a row's columns are
+  `[pad, cached, pad, new]`; the 2D attention mask is 0 on every pad column and position ids count real
+  tokens per row (the cached prefix keeps the positions it was computed at).
+- The rows admitted together are split into prefill groups of similar suffix length when that costs less
+  than padding every row to the longest suffix (a small dynamic program: one forward pass costs about
+  `_PREFILL_OVERHEAD_TOKENS` tokens); the groups' KV caches then merge into the running batch.
+- Requests admitted together that share a prompt prefix beyond their cache hits (episodes starting from the
+  same system prompt) get that prefix prefilled once, stored, and then reused by each of them.
+- Weight swaps clear the store; entries also carry the policy version and never serve another one.
+- Cached KV changes no output beyond float rounding: the prefix's keys/values were computed by the same
+  weights at the same positions; only the batch they were computed in differs.
 
 A sequence stops on EOS (unless `ignore_eos`), on one of `stop_token_ids`, on a stop string, or after
 `max_tokens`. Stop strings are found in text decoded incrementally from the sampled ids (a `DecodeStream`),
@@ -51,14 +74,21 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from agentgym.inference.kv import GrowingLayer, compaction, spare_columns
 from agentgym.inference.metrics import InferenceMetrics
 from agentgym.inference.models import ModelError, load_tokenizer, resolve_model
+from agentgym.inference.prefix_cache import BLOCK_SIZE, CachedPrefix, PrefixCache, block_keys, common_prefix
 
 log = logging.getLogger(__name__)
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 MAX_TOP_LOGPROBS = 20
+DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
+"""Without `prefix_cache_tokens`, the prefix cache holds as many tokens as 1 GiB of KV: 262,144 tokens of the
+tiny model (4 KiB each), 23,301 of SmolLM2-135M (45 KiB each)."""
+_PREFILL_OVERHEAD_TOKENS = 64
+"""The fixed cost of one prefill forward pass, in prompt tokens (about 10 ms on CPU for the tiny model)."""
 
 
 class EngineError(RuntimeError):
@@ -133,6 +163,16 @@ class EngineStats:
     generated_tokens: int = 0
     max_running: int = 0
     swaps: int = 0
+    prompt_tokens: int = 0
+    """Prompt tokens of admitted requests (one per request, whatever its `n`)."""
+    prefill_tokens: int = 0
+    """Tokens run through prefill forward passes (padding excluded)."""
+    prefix_lookups: int = 0
+    prefix_hits: int = 0
+    prefix_hit_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache (one count per request, like `prompt_tokens`)."""
+    shared_prefills: int = 0
+    """Prefixes shared by requests admitted together, prefilled once for all of them."""
 
 
 @dataclass
@@ -219,6 +259,23 @@ class _Swap:
     done: threading.Event = field(default_factory=threading.Event)
 
 
+@dataclass(eq=False)
+class _Prefill:
+    """One row of a prefill forward pass: a request's prompt (its `n` sequences share the row), or a prefix
+    shared by several requests (no sequences: its KV only goes to the prefix cache)."""
+
+    ids: list[int]
+    sequences: list[_Sequence]
+    request: _Request | None = None
+    entry: CachedPrefix | None = None
+    cached: int = 0
+    """Leading ids whose KV comes from `entry`."""
+
+    @property
+    def suffix(self) -> int:
+        return len(self.ids) - self.cached
+
+
 @dataclass
 class _Batch:
     """The running batch: one row per sequence, a left-padded KV cache, and what to feed next."""
@@ -293,13 +350,21 @@ class Engine:
         policy_version: int = 0,
         metrics: InferenceMetrics | None = None,
         num_threads: int | None = None,
+        prefix_cache_tokens: int | None = None,
+        prefix_block_size: int = BLOCK_SIZE,
     ) -> None:
         """`num_threads` sets torch's (process-wide) CPU thread count; on a shared or small machine 1 is often
-        faster than oversubscribed OpenMP threads."""
+        faster than oversubscribed OpenMP threads. `prefix_cache_tokens` bounds the prefix cache (tokens of KV
+        kept; 0 disables it; default: `DEFAULT_PREFIX_CACHE_BYTES` worth); `prefix_block_size` is its index's
+        block size."""
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
         if batch_window_ms < 0:
             raise ValueError("batch_window_ms must be >= 0")
+        if prefix_cache_tokens is not None and prefix_cache_tokens < 0:
+            raise ValueError("prefix_cache_tokens must be >= 0")
+        if prefix_block_size < 1:
+            raise ValueError("prefix_block_size must be >= 1")
         self.model_dir = Path(model_dir)
         self.served_model_name = served_model_name or str(model_dir)
         self.device = pick_device(device)
@@ -322,6 +387,15 @@ class Engine:
         self.pad_token_id = int(pad if pad is not None else min(self.eos_token_ids, default=0))
         self._version = policy_version
         self.metrics.policy_version.set(policy_version)
+        self._growable = _growable_cache(self._model)
+        if prefix_cache_tokens is None:
+            prefix_cache_tokens = DEFAULT_PREFIX_CACHE_BYTES // _kv_bytes_per_token(self._model, self.dtype)
+        self.prefix_cache_tokens = prefix_cache_tokens
+        self._prefix = PrefixCache(prefix_cache_tokens, prefix_block_size)
+        self.metrics.prefix_cache_capacity.set(prefix_cache_tokens if self._caching else 0)
+        self._prefix_seen = (0, 0)  # (evicted, superseded) already counted in the metrics
+        self._decode_batches = self.metrics.forward_batches.labels("decode")
+        self._decode_sizes = self.metrics.batch_size.labels("decode")
         self._cond = threading.Condition()
         self._waiting: deque[_Request] = deque()
         self._waiting_sequences = 0
@@ -356,6 +430,11 @@ class Engine:
     @property
     def model_config(self) -> Any:
         return self._model.config
+
+    @property
+    def prefix_cache(self) -> PrefixCache:
+        """The prefix cache (owned by the worker thread: read its counters, do not modify it)."""
+        return self._prefix
 
     def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         """Raise `InvalidRequestError` when the request cannot be served."""
@@ -561,10 +640,11 @@ class Engine:
         return taken
 
     def _can_merge(self) -> bool:
-        from transformers.cache_utils import DynamicLayer
+        return self._batch is None or self._growable
 
-        batch = self._batch
-        return batch is None or all(type(layer) is DynamicLayer for layer in batch.cache.layers)
+    @property
+    def _caching(self) -> bool:
+        return self._growable and self._prefix.enabled
 
     def _apply_swap(self) -> None:
         swap = self._swap
@@ -574,6 +654,13 @@ class Engine:
         self._cache_kw = _cache_argument(self._model)
         self._version = swap.version
         self.eos_token_ids = _eos_ids(self._model, self.tokenizer)
+        self._growable = _growable_cache(self._model)
+        self.metrics.prefix_cache_capacity.set(self._prefix.max_tokens if self._caching else 0)
+        # KV computed by the old weights must never serve the new ones.
+        dropped = self._prefix.clear()
+        if dropped:
+            self.metrics.prefix_cache_evictions.labels("weights").inc(dropped)
+        self._sync_prefix_metrics()
         self._swap = None
         self.stats.swaps += 1
         self.metrics.policy_version.set(swap.version)
@@ -626,11 +713,9 @@ class Engine:
         return logits
 
     def _admit(self, requests: list[_Request]) -> None:
-        """Prefill the new requests' sequences together and merge them into the running batch."""
-        from transformers import DynamicCache
-
+        """Prefill the new requests' prompts (past cached prefixes) and merge them into the running batch."""
         now = time.perf_counter()
-        sequences: list[_Sequence] = []
+        rows: list[_Prefill] = []
         for request in requests:
             request.admitted = now
             request.version = self._version
@@ -638,53 +723,194 @@ class Engine:
             stop_ids = frozenset(request.params.stop_token_ids) | (
                 frozenset() if request.params.ignore_eos else self.eos_token_ids
             )
-            sequences.extend(_Sequence(request, i, stop_ids, self.device) for i in range(request.params.n))
-        prompts = [s.request.prompt_ids for s in sequences]
-        width = max(len(p) for p in prompts)
-        rows = len(prompts)
+            sequences = [_Sequence(request, i, stop_ids, self.device) for i in range(request.params.n)]
+            rows.append(_Prefill(request.prompt_ids, sequences, request))
+        prompt_tokens = sum(len(row.ids) for row in rows)
+        self.stats.requests += len(requests)
+        self.stats.sequences += sum(len(row.sequences) for row in rows)
+        self.stats.prompt_tokens += prompt_tokens
+        self.metrics.prompt_tokens.inc(prompt_tokens)
+        if self._caching:
+            self._look_up(rows)
+            if self._share_prefixes(rows):
+                self._look_up(rows)
+            self._count_hits(rows)
+        groups = _prefill_groups(rows) if self._growable else [rows]
+        batches = [batch for batch in map(self._prefill, groups) if batch is not None]
+        if self._batch is not None:
+            batches.insert(0, self._batch)
+        self._batch = self._merge(batches)
+        self._retire_finished()
+        self._sync_prefix_metrics()
+
+    def _look_up(self, rows: list[_Prefill]) -> None:
+        for row in rows:
+            # At least the last prompt token is prefilled: its logits sample the first token.
+            row.entry, row.cached = self._prefix.lookup(row.ids, len(row.ids) - 1, self._version)
+
+    def _count_hits(self, rows: list[_Prefill]) -> None:
+        hits = [row.cached for row in rows if row.cached]
+        self.stats.prefix_lookups += len(rows)
+        self.stats.prefix_hits += len(hits)
+        self.stats.prefix_hit_tokens += sum(hits)
+        self.metrics.prefix_cache_lookups.inc(len(rows))
+        self.metrics.prefix_cache_hits.inc(len(hits))
+        self.metrics.prefix_cache_hit_tokens.inc(sum(hits))
+        if self.stats.prompt_tokens:
+            self.metrics.prefix_cache_hit_ratio.set(self.stats.prefix_hit_tokens / self.stats.prompt_tokens)
+
+    def _share_prefixes(self, rows: list[_Prefill]) -> bool:
+        """Prefill once (and store) each prompt prefix that several of `rows` share beyond their cache hits, at
+        block granularity, when that saves more than a forward pass costs; True when it did (look up again)."""
+        if len(rows) < 2:
+            return False
+        size = self._prefix.block_size
+        chains = [block_keys(row.ids, size, len(row.ids) - 1) for row in rows]
+        counts: dict[int, int] = {}
+        for chain in chains:
+            for key in chain:
+                counts[key] = counts.get(key, 0) + 1
+        shared: dict[int, tuple[int, int]] = {}  # last block key of a shared prefix -> (a row with it, blocks)
+        saved = 0
+        for index, (row, chain) in enumerate(zip(rows, chains, strict=True)):
+            depth = 0
+            while depth < len(chain) and counts[chain[depth]] > 1:
+                depth += 1
+            if depth * size >= row.cached + size:
+                shared.setdefault(chain[depth - 1], (index, depth))
+                saved += depth * size - row.cached
+        # A shared prefix that starts a longer shared prefix is served by the longer one's entry.
+        inner = {key for index, depth in shared.values() for key in chains[index][: depth - 1]}
+        jobs: list[_Prefill] = []
+        for key, (index, depth) in shared.items():
+            if key in inner:
+                continue
+            ids = rows[index].ids
+            # Past the last shared block, up to where the rows sharing it part (or the shortest one ends).
+            length = len(ids) - 1
+            for other, chain in zip(rows, chains, strict=True):
+                if len(chain) >= depth and chain[depth - 1] == key:
+                    length = common_prefix(ids, other.ids, depth * size, min(length, len(other.ids) - 1))
+            jobs.append(_Prefill(ids[:length], [], None, rows[index].entry, rows[index].cached))
+        cost = sum(job.suffix for job in jobs) + _PREFILL_OVERHEAD_TOKENS
+        if saved - cost < _PREFILL_OVERHEAD_TOKENS:
+            return False
+        for group in _prefill_groups(jobs):
+            self._prefill(group)
+        self.stats.shared_prefills += len(jobs)
+        return True
+
+    def _prefill(self, group: list[_Prefill]) -> _Batch | None:
+        """One forward pass over the rows' uncached ids. Stores each row's KV in the prefix cache; returns the
+        rows' sequences as a batch (None when the rows have none)."""
+        rows = len(group)
+        width = max(row.suffix for row in group)
+        cached = max(row.cached for row in group)
         input_ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((rows, width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            mask[row, width - len(prompt) :] = 1
+        mask = torch.zeros((rows, cached + width), dtype=torch.long)
+        for r, row in enumerate(group):
+            input_ids[r, width - row.suffix :] = torch.tensor(row.ids[row.cached :], dtype=torch.long)
+            mask[r, cached - row.cached : cached] = 1
+            mask[r, cached + width - row.suffix :] = 1
         input_ids = input_ids.to(self.device)
         mask = mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self._model.config)
+        # Position ids count each row's real tokens: its cached prefix keeps positions 0..cached-1.
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, cached:]
+        cache = self._new_cache(group, cached, width)
         logits = self._forward(input_ids, mask, positions, cache)
-        self.stats.requests += len(requests)
-        self.stats.sequences += rows
+        computed = sum(row.suffix for row in group)
         self.stats.prefill_batches += 1
         self.stats.prefill_rows += rows
+        self.stats.prefill_tokens += computed
         self.metrics.forward_batches.labels("prefill").inc()
         self.metrics.batch_size.labels("prefill").observe(rows)
-        self.metrics.prompt_tokens.inc(sum(len(r.prompt_ids) for r in requests))
+        self.metrics.prefill_tokens.inc(computed)
+        if self._caching:
+            for r, row in enumerate(group):
+                self._store(row.ids, cache, mask, r)
+        sequences = [seq for row in group for seq in row.sequences]
+        if not sequences:
+            return None
         lengths = mask.sum(-1)
+        counts = [len(row.sequences) for row in group]
+        if any(count != 1 for count in counts):  # a request's n samples shared its row: one row each now
+            index = torch.repeat_interleave(
+                torch.arange(rows, device=mask.device), torch.tensor(counts, device=mask.device)
+            )
+            _select_rows(cache, index)
+            mask, lengths, logits = mask.index_select(0, index), lengths.index_select(0, index), logits[index]
         next_tokens = self._sample(sequences, logits)
-        new = _Batch(sequences=sequences, cache=cache, mask=mask, lengths=lengths, next_tokens=next_tokens)
-        self._batch = new if self._batch is None else self._merge(self._batch, new)
-        self._retire_finished()
+        return _Batch(sequences=sequences, cache=cache, mask=mask, lengths=lengths, next_tokens=next_tokens)
 
-    def _merge(self, old: _Batch, new: _Batch) -> _Batch:
-        """One batch from two: the shorter cache is left-padded (masked) to the longer one's length."""
-        old_len, new_len = old.mask.shape[1], new.mask.shape[1]
-        width = max(old_len, new_len)
-        for batch, length in ((old, old_len), (new, new_len)):
-            pad = width - length
-            if pad:
-                for layer in batch.cache.layers:
-                    layer.keys = F.pad(layer.keys, (0, 0, pad, 0))
-                    layer.values = F.pad(layer.values, (0, 0, pad, 0))
-                batch.mask = F.pad(batch.mask, (pad, 0))
-        for old_layer, new_layer in zip(old.cache.layers, new.cache.layers, strict=True):
-            old_layer.keys = torch.cat([old_layer.keys, new_layer.keys], dim=0)
-            old_layer.values = torch.cat([old_layer.values, new_layer.values], dim=0)
+    def _new_cache(self, group: list[_Prefill], cached: int, width: int) -> Any:
+        """A cache for a prefill of `width` new columns after `cached` columns of the rows' cached prefixes
+        (each right-aligned, zeros before it)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self._model.config)
+        if not self._growable:
+            return cache
+        entries = [row.entry for row in group if row.entry is not None]
+        for i in range(len(cache.layers)):
+            if not cached or not entries:
+                cache.layers[i] = GrowingLayer()
+                continue
+            like_keys, like_values = entries[0].keys[i], entries[0].values[i]
+            capacity = cached + width + spare_columns(cached + width)
+            keys = like_keys.new_zeros((len(group), like_keys.shape[0], capacity, like_keys.shape[2]))
+            values = like_values.new_zeros((len(group), like_values.shape[0], capacity, like_values.shape[2]))
+            for r, row in enumerate(group):
+                if row.entry is not None and row.cached:
+                    keys[r, :, cached - row.cached : cached].copy_(row.entry.keys[i][:, : row.cached])
+                    values[r, :, cached - row.cached : cached].copy_(row.entry.values[i][:, : row.cached])
+            cache.layers[i] = GrowingLayer.from_buffers(keys, values, cached)
+        return cache
+
+    def _store(self, ids: list[int], cache: Any, mask: torch.Tensor, row: int) -> None:
+        """Put the KV of `ids` (row `row` of `cache`, at the columns where `mask` is 1) in the prefix cache."""
+
+        def kv() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+            columns = mask[row].nonzero().squeeze(1)
+            assert columns.numel() == len(ids)
+            pairs = [layer.row(row, columns) for layer in cache.layers]
+            return [k for k, _ in pairs], [v for _, v in pairs]
+
+        self._prefix.insert(ids, self._version, kv)
+
+    def _store_sequence(self, batch: _Batch, row: int, seq: _Sequence) -> None:
+        """Cache a leaving sequence's KV: its prompt and sampled ids but the last (never fed to the model)."""
+        request = seq.request
+        ids = request.prompt_ids + seq.token_ids[:-1]
+        if request.version == self._version and int(batch.lengths[row]) == len(ids):
+            self._store(ids, batch.cache, batch.mask, row)
+
+    def _sync_prefix_metrics(self) -> None:
+        evicted, superseded = self._prefix.evicted, self._prefix.superseded
+        seen_evicted, seen_superseded = self._prefix_seen
+        if evicted > seen_evicted:
+            self.metrics.prefix_cache_evictions.labels("capacity").inc(evicted - seen_evicted)
+        if superseded > seen_superseded:
+            self.metrics.prefix_cache_evictions.labels("superseded").inc(superseded - seen_superseded)
+        self._prefix_seen = (evicted, superseded)
+        self.metrics.prefix_cache_tokens.set(self._prefix.tokens)
+        self.metrics.prefix_cache_entries.set(len(self._prefix))
+
+    def _merge(self, batches: list[_Batch]) -> _Batch:
+        """One batch from several: the others' rows are copied into the first's free rows, each cache
+        left-padded (masked) to the longest one."""
+        if len(batches) == 1:
+            return batches[0]
+        width = max(batch.mask.shape[1] for batch in batches)
+        cache = batches[0].cache
+        for i, layer in enumerate(cache.layers):
+            for batch in batches[1:]:
+                layer.append_rows(batch.cache.layers[i], max_rows=self.max_batch_size)
         return _Batch(
-            sequences=old.sequences + new.sequences,
-            cache=old.cache,
-            mask=torch.cat([old.mask, new.mask], dim=0),
-            lengths=torch.cat([old.lengths, new.lengths], dim=0),
-            next_tokens=torch.cat([old.next_tokens, new.next_tokens], dim=0),
+            sequences=[seq for batch in batches for seq in batch.sequences],
+            cache=cache,
+            mask=torch.cat([F.pad(batch.mask, (width - batch.mask.shape[1], 0)) for batch in batches]),
+            lengths=torch.cat([batch.lengths for batch in batches]),
+            next_tokens=torch.cat([batch.next_tokens for batch in batches]),
         )
 
     def _decode_step(self) -> None:
@@ -699,24 +925,32 @@ class Engine:
         batch.lengths = batch.lengths + 1
         self.stats.decode_steps += 1
         self.stats.decode_rows += rows
-        self.metrics.forward_batches.labels("decode").inc()
-        self.metrics.batch_size.labels("decode").observe(rows)
+        self._decode_batches.inc()
+        self._decode_sizes.observe(rows)
         batch.next_tokens = self._sample(batch.sequences, logits)
         self._retire_finished()
 
     def _sample(self, sequences: list[_Sequence], logits: torch.Tensor) -> torch.Tensor:
         """Pick each sequence's next token, record it with its raw logprob, and check the stop conditions."""
         logprobs = torch.log_softmax(logits, dim=-1)
-        chosen = torch.argmax(logits, dim=-1)
         sampled_rows = [row for row, s in enumerate(sequences) if s.params.temperature > 0]
-        if sampled_rows:
-            index = torch.tensor(sampled_rows, device=logits.device)
-            chosen[index] = sample_tokens(
-                logits.index_select(0, index),
-                [sequences[row].params.temperature for row in sampled_rows],
-                [sequences[row].params.top_p for row in sampled_rows],
-                [sequences[row].generator for row in sampled_rows],
+        if len(sampled_rows) == len(sequences):  # no greedy row: no argmax, no row gather / scatter
+            chosen = sample_tokens(
+                logits,
+                [s.params.temperature for s in sequences],
+                [s.params.top_p for s in sequences],
+                [s.generator for s in sequences],
             )
+        else:
+            chosen = torch.argmax(logits, dim=-1)
+            if sampled_rows:
+                index = torch.tensor(sampled_rows, device=logits.device)
+                chosen[index] = sample_tokens(
+                    logits.index_select(0, index),
+                    [sequences[row].params.temperature for row in sampled_rows],
+                    [sequences[row].params.top_p for row in sampled_rows],
+                    [sequences[row].generator for row in sampled_rows],
+                )
         chosen_lp = logprobs.gather(1, chosen[:, None])[:, 0]
         tokens = chosen.tolist()
         token_lps = chosen_lp.tolist()
@@ -765,36 +999,49 @@ class Engine:
             seq.finish_reason = FINISH_LENGTH
 
     def _retire_finished(self) -> None:
-        """Hand finished (or cancelled) sequences back and drop their rows from the batch."""
+        """Hand finished (or cancelled) sequences back, cache their KV, and drop their rows from the batch."""
         batch = self._batch
         assert batch is not None
         keep: list[int] = []
+        completed: list[_Request] = []
         for row, seq in enumerate(batch.sequences):
-            if seq.request.cancelled():
-                continue
-            if seq.finish_reason is None:
+            cancelled = seq.request.cancelled()
+            if seq.finish_reason is None and not cancelled:
                 keep.append(row)
+                continue
+            if self._caching:
+                self._store_sequence(batch, row, seq)
+            if cancelled:
                 continue
             request = seq.request
             request.samples[seq.index] = seq.output()
             request.remaining -= 1
             if request.remaining == 0:
-                self._complete(request)
+                completed.append(request)
         if len(keep) == len(batch.sequences):
             return
+        self._sync_prefix_metrics()
+        for request in completed:
+            self._complete(request)
         if not keep:
             self._batch = None
             self.metrics.running.set(0)
             return
-        index = torch.tensor(keep, device=batch.mask.device)
+        # The last remaining rows move into the leavers' places: only they are copied.
+        order, gaps, moved = compaction(keep, len(batch.sequences))
+        index = torch.tensor(order, device=batch.mask.device)
         mask = batch.mask.index_select(0, index)
         # Columns that are padding in every remaining row are dead weight: trim them.
         first_real = int(torch.argmax((mask.sum(0) > 0).to(torch.int8)).item())
         for layer in batch.cache.layers:
-            layer.keys = layer.keys.index_select(0, index)[:, :, first_real:, :]
-            layer.values = layer.values.index_select(0, index)[:, :, first_real:, :]
+            if isinstance(layer, GrowingLayer):
+                layer.move_rows(gaps, moved, len(order))
+                layer.drop_leading(first_real)
+            else:
+                layer.keys = layer.keys.index_select(0, index)[:, :, first_real:, :]
+                layer.values = layer.values.index_select(0, index)[:, :, first_real:, :]
         batch.mask = mask[:, first_real:]
-        batch.sequences = [batch.sequences[row] for row in keep]
+        batch.sequences = [batch.sequences[row] for row in order]
         batch.lengths = batch.lengths.index_select(0, index)
         batch.next_tokens = batch.next_tokens.index_select(0, index)
 
@@ -812,6 +1059,57 @@ class Engine:
         self._resolve(request, output)
 
 
+def _growable_cache(model: Any) -> bool:
+    """Whether the model's KV cache is plain full-attention `DynamicLayer`s: the running batch then uses
+    `GrowingLayer`s, merges newly admitted requests, and the prefix cache can serve it."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    layers = DynamicCache(config=model.config).layers
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _kv_bytes_per_token(model: Any, dtype: torch.dtype) -> int:
+    """Bytes of keys and values one token takes in the KV cache (all layers)."""
+    config = model.config.get_text_config(decoder=True)
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    element = torch.empty((), dtype=dtype).element_size()
+    return max(1, 2 * int(config.num_hidden_layers) * kv_heads * head_dim * element)
+
+
+def _select_rows(cache: Any, rows: torch.Tensor) -> None:
+    """Keep `rows` of every cache layer (in that order, repeats allowed)."""
+    for layer in cache.layers:
+        if isinstance(layer, GrowingLayer):
+            layer.select(rows)
+        else:
+            layer.keys = layer.keys.index_select(0, rows)
+            layer.values = layer.values.index_select(0, rows)
+
+
+def _prefill_groups(rows: list[_Prefill], overhead: int = _PREFILL_OVERHEAD_TOKENS) -> list[list[_Prefill]]:
+    """Split prefill rows into forward passes: rows sorted by uncached length, cut where that minimises the
+    estimated cost, `overhead` per pass + rows x longest uncached length (padding is computed too)."""
+    order = sorted(rows, key=lambda row: row.suffix, reverse=True)
+    count = len(order)
+    best = [0.0] + [math.inf] * count
+    cut = [0] * (count + 1)
+    for end in range(1, count + 1):
+        for start in range(end):
+            cost = best[start] + overhead + (end - start) * order[start].suffix
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    groups: list[list[_Prefill]] = []
+    end = count
+    while end:
+        groups.append(order[cut[end] : end])
+        end = cut[end]
+    groups.reverse()
+    return groups
+
+
 def sample_tokens(
     logits: torch.Tensor,
     temperatures: Sequence[float],
@@ -823,12 +1121,14 @@ def sample_tokens(
     Inverse-CDF sampling with one uniform draw from each row's own generator: the distribution of
     `torch.multinomial`, at a fraction of the cost of one multinomial call per row.
     """
-    temps = torch.tensor(temperatures, device=logits.device, dtype=logits.dtype).unsqueeze(1)
-    scaled = logits / temps
+    scaled = logits
+    if any(t != 1.0 for t in temperatures):  # x / 1 == x: skip a full-vocabulary pass in the common case
+        temps = torch.tensor(temperatures, device=logits.device, dtype=logits.dtype).unsqueeze(1)
+        scaled = logits / temps
     top_p = torch.tensor(top_ps, device=logits.device, dtype=logits.dtype)
     if bool((top_p < 1).any()):
         scaled = _nucleus(scaled, top_p)
-    cdf = torch.softmax(scaled, dim=-1).cumsum(dim=-1)
+    cdf = torch.softmax(scaled, dim=-1).cumsum_(dim=-1)
     uniforms = torch.stack([torch.rand((), generator=g, device=logits.device) for g in generators])
     targets = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
     return torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp(max=logits.shape[-1] - 1)

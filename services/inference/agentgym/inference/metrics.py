@@ -9,7 +9,7 @@ _SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 
 
 
 class InferenceMetrics:
-    """Requests, batch sizes, tokens, queue wait, generation time, weight loads, policy version."""
+    """Requests, batch sizes, tokens, queue wait, generation time, prefix cache, weight loads, policy version."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -28,7 +28,11 @@ class InferenceMetrics:
             buckets=_BATCH_BUCKETS,
             registry=r,
         )
-        self.prompt_tokens = Counter("agentgym_inference_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.prompt_tokens = Counter(
+            "agentgym_inference_prompt_tokens",
+            "Prompt tokens of admitted requests (prefix-cache hits included)",
+            registry=r,
+        )
         self.generated_tokens = Counter("agentgym_inference_generated_tokens", "Tokens sampled", registry=r)
         self.queue_wait = Histogram(
             "agentgym_inference_queue_wait_seconds",
@@ -54,3 +58,44 @@ class InferenceMetrics:
             buckets=_SECONDS_BUCKETS,
             registry=r,
         )
+        self.prefill_tokens = Counter(
+            "agentgym_inference_prefill_tokens",
+            "Tokens computed by prefill forward passes (prompt tokens not served by the prefix cache; no padding)",
+            registry=r,
+        )
+        self.prefix_cache_lookups = Counter(
+            "agentgym_inference_prefix_cache_lookups", "Prompts looked up in the prefix cache", registry=r
+        )
+        self.prefix_cache_hits = Counter(
+            "agentgym_inference_prefix_cache_hits", "Prompts that reused a cached prefix's KV", registry=r
+        )
+        self.prefix_cache_hit_tokens = Counter(
+            "agentgym_inference_prefix_cache_hit_tokens",
+            "Prompt tokens whose KV came from the prefix cache (not prefilled)",
+            registry=r,
+        )
+        self.prefix_cache_hit_ratio = Gauge(
+            "agentgym_inference_prefix_cache_hit_ratio",
+            "Prefix-cache hit tokens / prompt tokens since the server started",
+            registry=r,
+        )
+        self.prefix_cache_tokens = Gauge(
+            "agentgym_inference_prefix_cache_tokens", "Tokens whose KV the prefix cache holds", registry=r
+        )
+        self.prefix_cache_capacity = Gauge(
+            "agentgym_inference_prefix_cache_capacity_tokens",
+            "The prefix cache's budget in tokens (0: disabled)",
+            registry=r,
+        )
+        self.prefix_cache_entries = Gauge(
+            "agentgym_inference_prefix_cache_entries", "Sequences whose KV the prefix cache holds", registry=r
+        )
+        self.prefix_cache_evictions = Counter(
+            "agentgym_inference_prefix_cache_evictions",
+            "Prefix-cache entries dropped, by reason: capacity (least recently used, over the token budget), "
+            "superseded (a longer entry starting with the same ids replaced it), weights (a weight update)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("capacity", "superseded", "weights"):
+            self.prefix_cache_evictions.labels(reason)

@@ -381,9 +381,11 @@ async def serve(
     dtype: str | None = None,
     num_threads: int | None = None,
     policy_version: int = 0,
+    prefix_cache_tokens: int | None = None,
     log_level: str = "warning",
 ) -> None:
-    """Load `model` and serve it until SIGINT/SIGTERM, then stop the engine."""
+    """Load `model` and serve it until SIGINT/SIGTERM, then stop the engine. `prefix_cache_tokens`: the prefix
+    cache's budget (0 disables it; None: the engine's default)."""
     engine = await asyncio.to_thread(
         Engine.from_name,
         model,
@@ -394,6 +396,7 @@ async def serve(
         dtype=dtype,
         num_threads=num_threads,
         policy_version=policy_version,
+        prefix_cache_tokens=prefix_cache_tokens,
     )
     try:
         app = create_app(engine)
