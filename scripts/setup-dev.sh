@@ -24,4 +24,14 @@ if ! command -v java >/dev/null 2>&1; then
     echo "warning: no java on PATH; SciWorld needs Java 17 (apt-get install openjdk-17-jre-headless)" >&2
   fi
 fi
+
+# WebArena / MiniWoB++ drive Debian's Chromium through Playwright (no Playwright-downloaded browser).
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing Chromium (the WebArena environment drives it)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "warning: no /usr/bin/chromium; WebArena needs it (apt-get install chromium)" >&2
+  fi
+fi
 echo "dev environment ready: .venv"
