@@ -26,12 +26,14 @@ ENVIRONMENT_CLASSES: dict[str, str] = {
     "textcraft": "agentgym.envs.textcraft.env:TextCraftEnv",
     "sciworld": "agentgym.envs.sciworld.env:SciWorldEnv",
     "deepsearch": "agentgym.envs.deepsearch.env:DeepSearchEnv",
+    "webarena": "agentgym.envs.webarena.env:WebArenaEnv",
 }
 EXPERT_CLASSES: dict[str, str] = {
     "babyai": "agentgym.envs.babyai.expert:BabyAIExpert",
     "textcraft": "agentgym.envs.textcraft.expert:TextCraftExpert",
     "sciworld": "agentgym.envs.sciworld.expert:SciWorldExpert",
     "deepsearch": "agentgym.envs.deepsearch.expert:DeepSearchExpert",
+    "webarena": "agentgym.envs.webarena.env:WebArenaExpert",
 }
 
 

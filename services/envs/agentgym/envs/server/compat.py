@@ -34,6 +34,7 @@ COMPAT_MODULES: dict[str, str] = {
     "textcraft": "agentgym.envs.textcraft.compat",
     "sciworld": "agentgym.envs.sciworld.compat",
     "deepsearch": "agentgym.envs.deepsearch.compat",
+    "webarena": "agentgym.envs.webarena.compat",
 }
 
 

@@ -1,0 +1,62 @@
+"""WebArena's action grammar: every action kind parses; malformed ones say what was wrong."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentgym.envs.webarena.actions import ActionParseError, BrowserAction, parse_action
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("click [12]", BrowserAction("click", element_id=12)),
+        ("  CLICK [ 7 ]  ", BrowserAction("click", element_id=7)),
+        ("```click [12]```", BrowserAction("click", element_id=12)),
+        ("hover [3]", BrowserAction("hover", element_id=3)),
+        ("type [5] [hello world] [0]", BrowserAction("type", element_id=5, text="hello world", press_enter=False)),
+        ("type [5] [hello]", BrowserAction("type", element_id=5, text="hello", press_enter=True)),
+        ("type [5] [a [1] b] [1]", BrowserAction("type", element_id=5, text="a [1] b", press_enter=True)),
+        ("type [5] []", BrowserAction("type", element_id=5, text="", press_enter=True)),
+        ("press [Control+a]", BrowserAction("press", keys="Control+a")),
+        ("scroll [down]", BrowserAction("scroll", direction="down")),
+        ("scroll [direction=up]", BrowserAction("scroll", direction="up")),
+        ("new_tab", BrowserAction("new_tab")),
+        ("tab_focus [2]", BrowserAction("tab_focus", tab_index=2)),
+        ("close_tab", BrowserAction("close_tab")),
+        ("goto [http://localhost:7770/a?b=1]", BrowserAction("goto", url="http://localhost:7770/a?b=1")),
+        ("go_back", BrowserAction("go_back")),
+        ("go_forward", BrowserAction("go_forward")),
+        ("stop [$25.99]", BrowserAction("stop", answer="$25.99")),
+        ("stop []", BrowserAction("stop", answer="")),
+        ("stop", BrowserAction("stop", answer="")),
+    ],
+)
+def test_parses(text: str, expected: BrowserAction) -> None:
+    assert parse_action(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("", "empty"),
+        ("click", "needs an element id"),
+        ("click [submit]", "needs an element id"),
+        ("type [4]", "needs an element id"),
+        ("scroll [left]", "[up] or [down]"),
+        ("tab_focus [first]", "tab index"),
+        ("goto []", "needs a URL"),
+        ("press []", "needs keys"),
+        ("fly [3]", "Unknown action"),
+    ],
+)
+def test_malformed_actions_say_why(text: str, fragment: str) -> None:
+    with pytest.raises(ActionParseError) as raised:
+        parse_action(text)
+    assert fragment in str(raised.value)
+    assert "Valid actions" in str(raised.value) or fragment in ("tab index", "needs a URL")
+
+
+def test_round_trip_through_str() -> None:
+    for text in ("click [1]", "type [2] [x y] [0]", "press [Enter]", "scroll [up]", "tab_focus [1]", "stop [42]"):
+        assert str(parse_action(text)) == text

@@ -1,0 +1,173 @@
+"""The browser environment on real Chromium: MiniWoB++ tasks, actions, safety, crashes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from webarena_site import serve_pages
+
+from agentgym.envs.webarena.actions import parse_action
+from agentgym.envs.webarena.browser import shared_host
+from agentgym.envs.webarena.env import WebArenaEnv, WebArenaExpert, run_solver
+from agentgym.envs.webarena.miniwob import CURATED_TASKS, SOLVERS, html_root, tree_lines
+from agentgym.envs.webarena.session import BrowserSession, SessionLimits
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/chromium"), reason="needs Debian's chromium")
+
+
+@pytest.fixture
+def env() -> Iterator[WebArenaEnv]:
+    instance = WebArenaEnv()
+    yield instance
+    instance.close()
+
+
+def play(env: WebArenaEnv, task_id: str) -> tuple[float, list[str]]:
+    first = env.reset(task_id)
+    solver = SOLVERS[task_id.split("/")[1]]
+
+    def step(action: str) -> tuple[str, float, bool]:
+        result = env.step(action)
+        assert not result.info["invalid_action"], result.observation[:300]
+        return result.observation, result.reward, result.done
+
+    return run_solver(solver, str(first.info["objective"]), step, first.observation)
+
+
+def test_catalog_splits_and_curated_pages_exist() -> None:
+    catalog = WebArenaEnv.catalog()
+    assert catalog.splits() == {"train": len(CURATED_TASKS) * 1000, "test": len(CURATED_TASKS) * 100}
+    assert catalog.task_id("train", 0) == f"miniwob/{CURATED_TASKS[0]}/0"
+    assert catalog.task_id("test", len(CURATED_TASKS) + 1) == f"miniwob/{CURATED_TASKS[1]}/1000001"
+    assert catalog.describe("miniwob/click-button/5")["scripted_solver"] is True
+    for name in CURATED_TASKS:
+        assert (html_root() / "miniwob" / f"{name}.html").is_file(), name
+    assert len(SOLVERS) >= 5 and set(SOLVERS) <= set(CURATED_TASKS)
+
+
+@pytest.mark.parametrize("name", sorted(SOLVERS))
+def test_scripted_solvers_reach_reward_one(env: WebArenaEnv, name: str) -> None:
+    for seed in (1_000_000, 1_000_001):
+        reward, actions = play(env, f"miniwob/{name}/{seed}")
+        assert reward == 1.0, (name, seed, actions)
+
+
+def test_observation_has_webarena_fields(env: WebArenaEnv) -> None:
+    first = env.reset("miniwob/click-button/3")
+    text = first.observation
+    assert text.startswith("Tab 0 (current): Click Button Task")
+    assert "\n[" in text and "] button '" in text
+    assert "URL: http://127.0.0.1:" in text and "/miniwob/click-button.html" in text
+    assert 'OBJECTIVE: Click on the "' in text
+    assert text.endswith("PREVIOUS ACTION: None")
+    assert "Last reward" not in text  # MiniWoB's score board is hidden
+    assert env.observe() == text
+
+
+def test_wrong_click_scores_zero_and_ends(env: WebArenaEnv) -> None:
+    first = env.reset("miniwob/click-button/4")
+    (label,) = [part for part in first.info["objective"].split('"')[1:2]]
+    wrong = next(line for line in tree_lines(first.observation) if line.role == "button" and line.name != label)
+    result = env.step(f"click [{wrong.node_id}]")
+    assert result.done and result.reward == 0.0 and result.info["raw_reward"] == -1.0
+    assert result.info["success"] is False
+    again = env.step("click [1]")
+    assert again.done and again.info["invalid_action"] and "over" in again.observation
+
+
+def test_bad_actions_are_observations(env: WebArenaEnv) -> None:
+    env.reset("miniwob/click-button/5")
+    unparsable = env.step("please click the button")
+    assert unparsable.info["invalid_action"] and not unparsable.done
+    assert "Unknown action" in unparsable.observation and "OBJECTIVE:" in unparsable.observation
+    missing = env.step("click [999999]")
+    assert missing.info["invalid_action"] and "no element [999999]" in missing.observation
+    not_http = env.step("goto [file:///etc/passwd]")
+    assert not_http.info["invalid_action"] and "only http(s)" in not_http.observation
+    bad_tab = env.step("tab_focus [7]")
+    assert bad_tab.info["invalid_action"] and "no tab 7" in bad_tab.observation
+    assert env.step("scroll [down]").info["invalid_action"] is False
+
+
+def test_outside_urls_are_blocked(env: WebArenaEnv) -> None:
+    env.reset("miniwob/click-button/6")
+    result = env.step("goto [http://example.com/]")
+    assert not result.done
+    assert "Navigation to http://example.com/ was blocked" in result.observation
+    assert "/miniwob/click-button.html" in result.observation.split("URL: ")[1]
+
+
+def test_links_and_popups_to_other_origins_are_blocked_and_tabs_bounded() -> None:
+    outside = '<a href="http://127.0.0.1:9/secret" id="out">outside</a>'
+    popups = "<button onclick=\"for (let i = 0; i < 5; i++) window.open('/')\">many</button>"
+    host = shared_host()
+    with serve_pages({"/": f"<title>Home</title>{outside}{popups}<a href='/next'>next</a>", "/next": "ok"}) as origin:
+
+        async def scenario() -> dict[str, Any]:
+            session = await BrowserSession.open(host, {origin}, SessionLimits(max_pages=3, spare_sessions=0))
+            try:
+                await session.goto(origin + "/")
+                await session.settle()
+                view = await session.view()
+                ids = {node.name: node.node_id for node in view.tree.nodes}
+                await session.execute(parse_action(f"click [{ids['outside']}]"))
+                blocked = await session.view()
+                await session.execute(parse_action("go_back"))
+                view = await session.view()
+                ids = {node.name: node.node_id for node in view.tree.nodes}
+                await session.execute(parse_action(f"click [{ids['many']}]"))
+                tabs = await session.view()
+                return {"blocked": blocked.notes, "pages": len(session.pages()), "tabs": tabs.notes + tabs.tabs}
+            finally:
+                await session.close()
+
+        outcome = host.call(scenario, 60)
+    assert any("127.0.0.1:9/secret was blocked" in note for note in outcome["blocked"])
+    assert outcome["pages"] == 3
+    assert any("at most 3 tabs" in str(line) for line in outcome["tabs"])
+
+
+def test_tabs_and_history(env: WebArenaEnv) -> None:
+    env.reset("miniwob/click-button/7")
+    opened = env.step("new_tab")
+    assert "Tab 1 (current)" in opened.observation and "URL: about:blank" in opened.observation
+    back = env.step("tab_focus [0]")
+    assert "Tab 0 (current): Click Button Task" in back.observation
+    closed = env.step("close_tab")
+    assert "Tab 0 (current)" in closed.observation and "Tab 1" not in closed.observation
+
+
+def test_killed_browser_fails_the_episode_and_is_replaced() -> None:
+    host = shared_host()
+    env = WebArenaEnv()
+    try:
+        env.reset("miniwob/click-button/8")
+        generation = host.generation
+        pid = host.call(host.browser_pid, 30)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while host.alive(generation) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(Exception, match=r"(?i)crash|closed|target"):
+            env.step("scroll [down]")
+    finally:
+        env.close()
+    fresh = WebArenaEnv()
+    try:
+        reward, _ = play(fresh, "miniwob/click-button/9")
+        assert reward == 1.0 and host.generation == generation + 1
+    finally:
+        fresh.close()
+
+
+def test_expert_demonstrates() -> None:
+    expert = WebArenaExpert()
+    assert expert.solvable("miniwob/enter-text/3") and not expert.solvable("miniwob/navigate-tree/3")
+    actions = expert.demonstrate("miniwob/enter-text/3")
+    assert actions[0].startswith("type [") and actions[-1].startswith("click [")
