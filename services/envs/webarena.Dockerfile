@@ -1,0 +1,31 @@
+# webarena environment service (Playwright driving Debian's Chromium; MiniWoB++ tasks built in).
+# Build from the repository root:
+#   docker build -f services/envs/webarena.Dockerfile -t agentgym/env-webarena .
+# One Chromium per container, one isolated browser context per live episode (~40 MB PSS each):
+#   docker run -p 8000:8000 --shm-size=256m agentgym/env-webarena
+# Real WebArena: mount the task configs and point at the sites, e.g.
+#   docker run -v $PWD/config_files:/tasks -e WA_SHOPPING=http://shop:7770 ... agentgym/env-webarena \
+#     --set tasks_path=/tasks/test.raw.json
+FROM python:3.11-slim AS build
+WORKDIR /src
+RUN python -m venv /opt/venv
+COPY pyproject.toml README.md ./
+COPY common common
+COPY services/envs services/envs
+COPY trainer trainer
+COPY operators operators
+RUN /opt/venv/bin/pip install --no-cache-dir ".[webarena]"
+
+FROM python:3.11-slim
+# Debian's Chromium and its fonts; Playwright's own browser download is not used.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends chromium fonts-liberation \
+    && rm -rf /var/lib/apt/lists/*
+RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin agentgym
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
+    AGENTGYM_CHROMIUM=/usr/bin/chromium WA_LOGIN_CACHE=/tmp/webarena-auth
+USER 10001
+EXPOSE 8000 50051
+HEALTHCHECK --interval=10s --timeout=3s CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz')"]
+ENTRYPOINT ["agentgym", "env", "serve", "webarena", "--host", "0.0.0.0", "--port", "8000", "--grpc-port", "50051"]
