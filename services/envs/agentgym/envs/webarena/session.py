@@ -99,6 +99,7 @@ class BrowserSession:
         self.active: Page | None = None
         self._cdp: dict[int, CDPSession] = {}
         self._inflight: dict[int, int] = {}
+        self._idle: dict[int, asyncio.Event] = {}  # set while a page has no request in flight
         self._last_ids: frozenset[int] = frozenset()
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -184,12 +185,17 @@ class BrowserSession:
         if key in self._inflight:
             return
         self._inflight[key] = 0
+        idle = self._idle[key] = asyncio.Event()
+        idle.set()
 
         def started(_request: Any) -> None:
             self._inflight[key] = self._inflight.get(key, 0) + 1
+            idle.clear()
 
         def ended(_request: Any) -> None:
             self._inflight[key] = max(0, self._inflight.get(key, 0) - 1)
+            if self._inflight[key] == 0:
+                idle.set()
 
         page.on("request", started)
         page.on("requestfinished", ended)
@@ -198,6 +204,7 @@ class BrowserSession:
 
     def _forget(self, key: int) -> None:
         self._inflight.pop(key, None)
+        self._idle.pop(key, None)
         self._cdp.pop(key, None)
 
     def pages(self) -> list[Page]:
@@ -217,12 +224,10 @@ class BrowserSession:
         cap_s = self.limits.settle_cap_ms / 1000
         with contextlib.suppress(PlaywrightError, TimeoutError):
             await page.wait_for_load_state("load", timeout=self.limits.navigation_timeout_s * 1000)
-        key = id(page)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + cap_s
-        while self._inflight.get(key, 0) > 0 and loop.time() < deadline:
-            # Requests end by events; poll their counter cheaply rather than sleeping a fixed time.
-            await asyncio.sleep(0.005)
+        idle = self._idle.get(id(page))
+        if idle is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(idle.wait(), cap_s)
         with contextlib.suppress(PlaywrightError):
             await page.evaluate(_DOM_QUIET_JS, [self.limits.settle_quiet_ms, self.limits.settle_cap_ms])
 
