@@ -118,7 +118,7 @@ class WebArenaEnv(Environment):
         *,
         tasks_path: str | None = None,
         judge_url: str | None = None,
-        judge_model: str = "policy",
+        judge_model: str | None = None,
         max_pages: int = 8,
         action_timeout_s: float = 10.0,
         max_observation_chars: int = 16_000,
@@ -268,10 +268,10 @@ class WebArenaEnv(Environment):
         site_urls = configs.SiteUrls.from_env()
         origins = set(configs.allowed_origins(task, site_urls))
         storage_state: str | None = None
-        if task.require_login and task.sites:
+        if task.require_login and task.login_sites:
             cache = self.login_cache_dir or Path(os.environ.get("WA_LOGIN_CACHE", ".webarena-auth"))
             browser, _ = await self._host.browser()
-            storage_state = str(await login.storage_state_for(browser, task.sites, site_urls, cache))
+            storage_state = str(await login.storage_state_for(browser, task.login_sites, site_urls, cache))
         session = await self._fresh_session(origins, storage_state)
         for index, url in enumerate(task.start_urls):
             if index > 0:
@@ -288,19 +288,22 @@ class WebArenaEnv(Environment):
     ) -> tuple[PageView, float, bool, dict[str, Any]]:
         if action.kind != "stop":
             return await session.view(), 0.0, False, {}
-        from agentgym.envs.webarena import evaluators
+        from agentgym.envs.webarena import configs, evaluators
 
         assert self._task_id is not None
         task = _WEBARENA_TASKS[int(self._task_id.removeprefix("webarena/"))]
         judge = evaluators.InferenceFuzzyJudge(self.judge_url, model=self.judge_model) if self.judge_url else None
         info: dict[str, Any] = {"answer": action.answer}
         try:
-            result = await evaluators.evaluate(task, answer=action.answer, page=session.page(), judge=judge)
+            result = await evaluators.evaluate(
+                task, answer=action.answer, page=session.page(), judge=judge, site_urls=configs.SiteUrls.from_env()
+            )
             reward = float(result.score)
             info["evaluation"] = result.details
-        except evaluators.UnsupportedEvaluation as error:
+        except evaluators.EvaluationError as error:
+            # Not graded (unsupported check, judge or site unreachable): 0, and the reason is reported.
             reward = 0.0
-            info["evaluation_unsupported"] = str(error)
+            info["evaluation_error"] = f"{error.__class__.__name__}: {error}"
         return await session.view(), reward, True, info
 
 

@@ -30,6 +30,7 @@ from playwright.async_api import Error as PlaywrightError
 from agentgym.envs.webarena.actions import BrowserAction
 from agentgym.envs.webarena.axtree import AXTree, build_tree
 from agentgym.envs.webarena.browser import BrowserCrashedError, BrowserHost
+from agentgym.envs.webarena.configs import origin_of
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +48,6 @@ _PASSTHROUGH_SCHEMES = frozenset({"data", "blob", "about"})
 
 class ActionError(ValueError):
     """An action that is well formed but cannot be carried out on this page (unknown id, hidden)."""
-
-
-def origin_of(url: str) -> str:
-    """``scheme://host[:port]`` of a URL (lower case), the unit of the allowlist."""
-    parts = urlsplit(url)
-    return f"{parts.scheme.lower()}://{parts.netloc.lower()}"
 
 
 @dataclass(frozen=True)
@@ -161,7 +156,10 @@ class BrowserSession:
             return True
         if scheme not in ("http", "https"):
             return False
-        return origin_of(url) in self.allowed_origins
+        try:
+            return origin_of(url) in self.allowed_origins
+        except ValueError:  # a malformed port: not a URL of any allowed site
+            return False
 
     async def _route(self, route: Route) -> None:
         url = route.request.url
@@ -222,14 +220,19 @@ class BrowserSession:
         """Wait (bounded) until the page has loaded, its requests are done and its DOM is quiet."""
         page = page or self.page()
         cap_s = self.limits.settle_cap_ms / 1000
-        with contextlib.suppress(PlaywrightError, TimeoutError):
-            await page.wait_for_load_state("load", timeout=self.limits.navigation_timeout_s * 1000)
-        idle = self._idle.get(id(page))
-        if idle is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(idle.wait(), cap_s)
-        with contextlib.suppress(PlaywrightError):
-            await page.evaluate(_DOM_QUIET_JS, [self.limits.settle_quiet_ms, self.limits.settle_cap_ms])
+        for _ in range(3):
+            with contextlib.suppress(PlaywrightError, TimeoutError):
+                await page.wait_for_load_state("load", timeout=self.limits.navigation_timeout_s * 1000)
+            idle = self._idle.get(id(page))
+            if idle is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(idle.wait(), cap_s)
+            try:
+                await page.evaluate(_DOM_QUIET_JS, [self.limits.settle_quiet_ms, self.limits.settle_cap_ms])
+                return
+            except PlaywrightError:
+                # The document navigated away while we waited (a click on a link): settle the new one.
+                continue
 
     async def goto(self, url: str, page: Page | None = None) -> None:
         if not self.allows(url):
@@ -257,6 +260,12 @@ class BrowserSession:
         page = self.page()
         session = await self.cdp(page)
         raw = await session.send("Accessibility.getFullAXTree")
+        for _ in range(3):
+            # A document still loading has a `busy` root and no content yet: wait for it.
+            if not _busy(raw.get("nodes", [])):
+                break
+            await self.settle(page)
+            raw = await session.send("Accessibility.getFullAXTree")
         tree = build_tree(raw.get("nodes", []))
         self._last_ids = tree.ids
         tabs = []
@@ -344,6 +353,16 @@ class BrowserSession:
             case "stop":
                 return
         await self.settle(self.page())
+
+
+def _busy(nodes: list[dict[str, Any]]) -> bool:
+    """Whether the tree's root document is marked busy (still loading)."""
+    for node in nodes:
+        if not node.get("parentId"):
+            return any(
+                p.get("name") == "busy" and (p.get("value") or {}).get("value") for p in node.get("properties", [])
+            )
+    return False
 
 
 # Spare sessions per (host, limits); only touched on the host's loop.
