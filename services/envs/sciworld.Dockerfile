@@ -1,7 +1,7 @@
 # sciworld environment service (ScienceWorld on a headless Java 17 runtime). Build from the repository root:
 #   docker build -f services/envs/sciworld.Dockerfile -t agentgym/env-sciworld .
-# Each pool slot is one JVM (heap capped at 768 MB, ~150-200 MB resident in practice); size the pool
-# to the live episodes expected, e.g.:
+# A pool slot is one simulator; 8 slots share a JVM by default (heap capped at 768 MB per simulator,
+# ~20-40 MB resident per slot in practice). Size the pool to the live episodes expected, e.g.:
 #   docker run -p 8000:8000 agentgym/env-sciworld --set pool_size=16 --set heap_mb=768
 # ScienceWorld's classes are archived (AppCDS) at build time so the JVMs start faster and share pages.
 FROM python:3.11-slim AS build

@@ -117,7 +117,7 @@ def test_shipped_variation_table_matches_the_jar() -> None:
     settings = JVMSettings()
     jvm = ScienceWorldJVM(settings, archive=usable_archive(settings))
     try:
-        table = read_variation_table(jvm)
+        table = read_variation_table(jvm.add_simulator())
     finally:
         jvm.close()
     for row, kind in zip(table, catalog.kinds, strict=True):

@@ -1,9 +1,12 @@
-"""SciWorldEnv and its JVM pool against real ScienceWorld JVMs (two warm slots, one heap-cap JVM)."""
+"""SciWorldEnv and its pool against real ScienceWorld JVMs (two slots sharing a JVM, heap-cap JVMs)."""
 
 from __future__ import annotations
 
+import collections
 import os
+import re
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -13,11 +16,11 @@ import pytest
 from agentgym.envs import UnknownTaskError, make, make_expert
 from agentgym.envs.base import EpisodeNotStartedError
 from agentgym.envs.sciworld.env import SciWorldEnv, SlotDiedError, pool_settings
-from agentgym.envs.sciworld.jvm import JVMError, JVMSettings
+from agentgym.envs.sciworld.jvm import JVMError, JVMSettings, ScienceWorldJVM, Simulator, usable_archive
 from agentgym.envs.sciworld.pool import PoolExhaustedError, PoolSettings, SciWorldPool, close_shared_pools, shared_pool
 from agentgym.envs.sciworld.tasks import load_catalog
 
-SETTINGS: dict[str, Any] = {"pool_size": 2, "warm_slots": 1}
+SETTINGS: dict[str, Any] = {"pool_size": 2, "warm_slots": 1}  # both slots in one JVM (8 per JVM by default)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -185,38 +188,44 @@ def test_jvm_is_reused_across_resets_and_episodes() -> None:
     first.close()  # closing twice is harmless
 
 
-def test_default_heap_is_capped_at_768_mb() -> None:
+def test_default_heap_is_capped_at_768_mb_per_simulator() -> None:
+    assert "-Xmx768m" in JVMSettings().base_options(capacity=1)
+    assert "-Xmx6144m" in JVMSettings().base_options(capacity=8)  # the default pool: one JVM of 8
+    assert _pool().stats()["simulators_per_jvm"] == 2  # never more per JVM than the pool holds
     env = make("sciworld", **SETTINGS)
     try:
         env.reset("boil/v21")
         slot = next(s for s in _pool().slots() if s.jvm.pid == env.jvm_pid)  # type: ignore[attr-defined]
-        assert "-Xmx768m" in slot.jvm.input_arguments()
+        assert "-Xmx1536m" in slot.jvm.input_arguments()
         cap = slot.jvm.max_heap_bytes()
-        assert 0.85 * 768 * 2**20 <= cap <= 768 * 2**20
+        assert 0.85 * 1536 * 2**20 <= cap <= 1536 * 2**20
     finally:
         env.close()
 
 
 def test_heap_cap_is_honoured_and_an_out_of_memory_jvm_is_replaced() -> None:
-    pool = SciWorldPool(PoolSettings(size=1, jvm=JVMSettings(heap_mb=256)))
+    """Two simulators at 256 MB each: their JVM is capped at 512 MB; past it, both episodes fail."""
+    pool = SciWorldPool(PoolSettings(size=2, simulators_per_jvm=2, jvm=JVMSettings(heap_mb=256)))
     try:
-        env = SciWorldEnv(pool=pool)
-        env.reset("boil/v21")
+        envs = [SciWorldEnv(pool=pool), SciWorldEnv(pool=pool)]
+        pids = {env.reset(task).info["jvm_pid"] for env, task in zip(envs, ("boil/v21", "melt/v25"), strict=True)}
+        assert len(pids) == 1 and pool.stats()["jvms"] == 1
         slot = pool.slots()[0]
-        assert "-Xmx256m" in slot.jvm.input_arguments()
-        assert 0.85 * 256 * 2**20 <= slot.jvm.max_heap_bytes() <= 256 * 2**20
+        assert "-Xmx512m" in slot.jvm.input_arguments()
+        assert 0.85 * 512 * 2**20 <= slot.jvm.max_heap_bytes() <= 512 * 2**20
         # Ask the JVM for more than its cap: it must refuse (and, by design, exit) rather than grow.
         gateway = slot.jvm._gateway
         assert gateway is not None
         with pytest.raises(Exception):  # noqa: B017 - py4j raises its own error for the lost connection
-            gateway.new_array(gateway.jvm.byte, 300 * 2**20)
+            gateway.new_array(gateway.jvm.byte, 600 * 2**20)
         _wait_for(lambda: not slot.alive(), timeout=30)
         assert "out of heap memory" in slot.jvm.failure_reason()
-        with pytest.raises(SlotDiedError, match="out of heap memory"):
-            env.step("look around")
-        env.close()
-        _wait_for(lambda: pool.stats()["idle"] == 1)  # replaced
-        assert pool.stats()["replaced"] == 1
+        for env in envs:
+            with pytest.raises(SlotDiedError, match="out of heap memory"):
+                env.step("look around")
+            env.close()
+        _wait_for(lambda: pool.stats()["idle"] == 2)  # replaced
+        assert pool.stats()["replaced"] == 2 and pool.stats()["pids"] != [slot.jvm.pid]
         again = SciWorldEnv(pool=pool)
         assert again.reset("boil/v22").info["jvm_pid"] != slot.jvm.pid
         again.close()
@@ -224,20 +233,24 @@ def test_heap_cap_is_honoured_and_an_out_of_memory_jvm_is_replaced() -> None:
         pool.close()
 
 
-def test_jvm_killed_mid_episode_fails_it_and_is_replaced() -> None:
+def test_jvm_killed_mid_episode_fails_every_episode_on_it_and_is_replaced() -> None:
     pool = _pool()
-    env = make("sciworld", **SETTINGS)
+    envs = [make("sciworld", **SETTINGS) for _ in range(2)]
     try:
-        env.reset("boil/v21")
-        env.step("open door to kitchen")
-        pid = env.jvm_pid  # type: ignore[attr-defined]
+        for env, task in zip(envs, ("boil/v21", "melt/v25"), strict=True):
+            env.reset(task)
+            env.step("open door to kitchen")
+        pid = envs[0].jvm_pid  # type: ignore[attr-defined]
+        assert envs[1].jvm_pid == pid  # type: ignore[attr-defined]  # both slots share the JVM
         replaced = pool.stats()["replaced"]
         os.kill(pid, signal.SIGKILL)
-        with pytest.raises(SlotDiedError, match=r"died \(killed by SIGKILL\)"):
-            env.step("go to kitchen")
+        for env in envs:
+            with pytest.raises(SlotDiedError, match=r"died \(killed by SIGKILL\)"):
+                env.step("go to kitchen")
     finally:
-        env.close()
-    assert pool.stats()["replaced"] == replaced + 1
+        for env in envs:
+            env.close()
+    assert pool.stats()["replaced"] == replaced + 2  # the JVM's two slots
     assert pid not in pool.stats()["pids"]
     fresh = make("sciworld", **SETTINGS)
     try:
@@ -301,34 +314,151 @@ def test_pool_settings_are_validated() -> None:
         pool_settings(pool_size=0)
     with pytest.raises(ValueError, match="warm_slots"):
         pool_settings(pool_size=2, warm_slots=3)
+    with pytest.raises(ValueError, match="simulators_per_jvm"):
+        pool_settings(simulators_per_jvm=0)
     with pytest.raises(ValueError, match="step_limit"):
         SciWorldEnv(step_limit=0, **SETTINGS)
 
 
+# Tasks whose gold paths answer the same every time in a JVM of their own (many do not: e.g.
+# power-component/v15 completes a step earlier or later as identity hashes fall). The main ones
+# create objects mid-episode (chemistry-mix/v24 at its 1st, 12th and 17th action, boil/v0 at its
+# 1st and 9th), which is where a neighbour's load could make ScienceWorld reuse object ids.
+_MAIN_TASKS = [("chemistry-mix", 24), ("boil", 0)]
+_NEIGHBOUR_TASKS = [
+    ("test-conductivity", 786),
+    ("find-living-thing", 281),
+    ("identify-life-stages-1", 9),
+    ("measure-melting-point-known-substance", 327),
+]
+
+
+def _lines(text: str) -> list[str]:
+    """A text's lines in a fixed order: ScienceWorld lists a room's objects in the order of a hash
+    set of them (identity hashes), which differs between runs even in a JVM of its own."""
+    return sorted(text.split("\n"))
+
+
+def _step(sim: Simulator, action: str) -> tuple[Any, ...]:
+    observation, score, completed, moves = sim.step(action)
+    return action, _lines(observation), score, completed, moves
+
+
+def _play(sim: Simulator, task: tuple[str, int], actions: list[str]) -> list[Any]:
+    """One episode's transcript: everything the simulator answers along the gold path."""
+    sim.load(*task)
+    transcript: list[Any] = [sim.task_description(), _step(sim, "look around")]
+    transcript.extend(_step(sim, action) for action in actions)
+    transcript.append(_lines(sim.inventory()))
+    return transcript
+
+
+def _duplicate_object_ids(sim: Simulator) -> list[str]:
+    ids = re.findall(r'"uuid":"?(\d+)', sim.call("getObjectTree", ""))
+    assert len(ids) > 100
+    return [uuid for uuid, n in collections.Counter(ids).items() if n > 1]
+
+
+def _random_draws(jvm: ScienceWorldJVM, sim: Simulator) -> list[int]:
+    """What ScienceWorld's random generator (scala.util.Random) gives next while `sim` runs."""
+    with jvm.exclusive(sim):
+        generator = jvm._jvm().java.lang.Class.forName("scala.util.Random$").getField("MODULE$").get(None)
+        return [int(generator.nextInt(1_000_000)) for _ in range(3)]
+
+
+def test_simulators_sharing_a_jvm_are_independent() -> None:
+    """Episodes interleaved (and concurrent) on two simulators of one JVM answer exactly as alone."""
+    settings = JVMSettings()
+    alone = ScienceWorldJVM(settings, archive=usable_archive(settings))
+    shared = ScienceWorldJVM(settings, capacity=2, archive=usable_archive(settings))
+    try:
+        reference_sim = alone.add_simulator()
+        golds: dict[tuple[str, int], list[str]] = {}
+        for task in _MAIN_TASKS + _NEIGHBOUR_TASKS:
+            reference_sim.load(*task, gold_path=True)
+            golds[task] = reference_sim.gold_actions()
+        reference = {task: _play(reference_sim, task, golds[task]) for task in golds}
+        first, second = shared.add_simulator(), shared.add_simulator()
+        # before its first load, a simulator answers task names and variation counts (from the JVM's first table)
+        assert second.task_names() == reference_sim.task_names() and len(second.task_names()) == 30
+        assert second.max_variations("boil") == 30 and second.max_variations("use-thermometer") == 540
+
+        # Interleaved: `first` plays its tasks step by step; between every two of its steps,
+        # `second` starts a neighbour episode (each load resets ScienceWorld's JVM-wide object
+        # counter), and after every 8 it plays one through.
+        neighbours: list[tuple[tuple[str, int], list[Any]]] = []
+        for task in _MAIN_TASKS:
+            first.load(*task)
+            transcript: list[Any] = [first.task_description(), _step(first, "look around")]
+            for index, action in enumerate(golds[task]):
+                transcript.append(_step(first, action))
+                neighbour = _NEIGHBOUR_TASKS[len(neighbours) % len(_NEIGHBOUR_TASKS)]
+                if index % 8 == 7:
+                    neighbours.append((neighbour, _play(second, neighbour, golds[neighbour])))
+                elif index % 2 == 1:
+                    second.load(*neighbour)
+                    neighbours.append((neighbour, [second.task_description(), _step(second, "look around")]))
+            transcript.append(_lines(first.inventory()))
+            assert transcript == reference[task], task
+            assert _duplicate_object_ids(first) == []  # what it made after a neighbour's load has ids of its own
+        assert len(neighbours) > 20
+        assert all(played == reference[task][: len(played)] for task, played in neighbours)
+
+        # Each simulator draws from a random generator of its own, seeded by its own load.
+        first.load(*_MAIN_TASKS[0])
+        second.load(*_NEIGHBOUR_TASKS[0])
+        reference_sim.load(*_MAIN_TASKS[0])
+        assert _random_draws(shared, first) == _random_draws(alone, reference_sim)
+
+        # Concurrent: each simulator driven from its own thread (py4j: its own Java thread).
+        results: dict[int, list[Any]] = {}
+
+        def run(number: int, sim: Simulator, tasks: list[tuple[str, int]]) -> None:
+            results[number] = [_play(sim, task, golds[task]) for task in tasks]
+
+        threads = [
+            threading.Thread(target=run, args=(1, first, _MAIN_TASKS * 2)),
+            threading.Thread(target=run, args=(2, second, _NEIGHBOUR_TASKS)),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert results[1] == [reference[task] for task in _MAIN_TASKS * 2]
+        assert results[2] == [reference[task] for task in _NEIGHBOUR_TASKS]
+        assert _duplicate_object_ids(first) == [] and _duplicate_object_ids(second) == []
+    finally:
+        alone.close()
+        shared.close()
+
+
 @pytest.mark.slow
 def test_slot_memory_is_bounded_and_flat_over_500_episodes() -> None:
-    """One slot's JVM RSS stays under 600 MB and within 10 % of its post-warm-up level."""
-    pool = SciWorldPool(PoolSettings(size=1))
+    """Two slots sharing a JVM over 500 episodes each: RSS per slot under 600 MB, within 10 % of its
+    post-warm-up level."""
+    pool = SciWorldPool(PoolSettings(size=2, simulators_per_jvm=2))
     tasks = load_catalog().task_ids("test")
     actions = ["look around", "open door to kitchen", "go to kitchen", "inventory", "pick up thermometer"]
     samples: dict[int, float] = {}
     try:
-        env = SciWorldEnv(pool=pool)
+        envs = [SciWorldEnv(pool=pool), SciWorldEnv(pool=pool)]
         for episode in range(1, 501):
-            env.reset(tasks[(episode * 37) % len(tasks)])
-            for action in actions[: 1 + episode % len(actions)]:
-                if env.step(action).done:
-                    break
+            for number, env in enumerate(envs):
+                env.reset(tasks[(episode * 37 + number * 11) % len(tasks)])
+                for action in actions[: 1 + (episode + number) % len(actions)]:
+                    if env.step(action).done:
+                        break
             if episode % 50 == 0:
                 rss = pool.slots()[0].jvm.rss_bytes()
                 assert rss is not None
-                samples[episode] = rss / 2**20
-        pid = env.jvm_pid
-        env.close()
-        assert pool.stats()["launched"] == 1 and pool.slots()[0].jvm.pid == pid  # one JVM served all 500
+                samples[episode] = rss / 2**20 / 2
+        pids = {env.jvm_pid for env in envs}
+        for env in envs:
+            env.close()
+        assert pool.stats()["launched"] == 1 and len(pids) == 1  # one JVM served all 1000
     finally:
         pool.close()
-    print("RSS MB by episode:", {n: round(mb) for n, mb in samples.items()})
+    print("RSS MB per slot by episode:", {n: round(mb) for n, mb in samples.items()})
     assert max(samples.values()) <= 600
     # Flat from a warmed JVM on: the first ~100 episodes fill the JIT code cache (compiled code, not
     # heap: the heap after GC stays constant), which is warm-up, not growth with episodes.

@@ -21,7 +21,8 @@ from agentgym.envs.server.http_api import create_app
 from agentgym.envs.server.manager import EpisodeManager, ManagerConfig
 from agentgym.envs.server.runner import build_manager
 
-SETTINGS: dict[str, Any] = {"pool_size": 2, "warm_slots": 1}
+# Three slots, two per JVM: a JVM shared by two episodes, and another one.
+SETTINGS: dict[str, Any] = {"pool_size": 3, "warm_slots": 1, "simulators_per_jvm": 2}
 catalog = load_catalog()
 
 
@@ -155,33 +156,41 @@ async def test_native_episode_and_tasks(client: httpx.AsyncClient) -> None:
 # -- failures ----------------------------------------------------------------------------------
 
 
-async def test_jvm_killed_mid_episode_fails_only_that_episode(client: httpx.AsyncClient) -> None:
-    bystander = (await client.post("/v1/episodes", json={"task_id": "melt/v25"})).json()
-    victim = (await client.post("/v1/episodes", json={"task_id": "boil/v21"})).json()
-    pid = victim["info"]["jvm_pid"]
-    assert pid != bystander["info"]["jvm_pid"]
+async def test_jvm_killed_mid_episode_fails_every_episode_on_it_and_only_those(client: httpx.AsyncClient) -> None:
+    created = [
+        (await client.post("/v1/episodes", json={"task_id": task})).json()
+        for task in ("boil/v21", "melt/v25", "freeze/v25")
+    ]
+    by_pid: dict[int, list[str]] = {}
+    for episode in created:
+        by_pid.setdefault(episode["info"]["jvm_pid"], []).append(episode["episode_id"])
+    assert sorted(len(ids) for ids in by_pid.values()) == [1, 2]  # 3 slots, 2 per JVM
+    pid = next(pid for pid, ids in by_pid.items() if len(ids) == 2)
+    victims, (bystander,) = by_pid[pid], next(ids for p, ids in by_pid.items() if p != pid)
     os.kill(pid, signal.SIGKILL)
 
-    step = await client.post(f"/v1/episodes/{victim['episode_id']}/step", json={"action": "open door to kitchen"})
-    assert step.status_code == 200
-    ended = step.json()
-    assert ended["done"] is True and ended["info"]["failed"] is True
-    assert "killed by SIGKILL" in ended["info"]["error"]
-    state = (await client.get(f"/v1/episodes/{victim['episode_id']}")).json()
-    assert state["status"] == "failed" and "killed by SIGKILL" in state["failure"]
+    for victim in victims:  # every episode on the dead JVM ends as failed, with the reason
+        step = await client.post(f"/v1/episodes/{victim}/step", json={"action": "open door to kitchen"})
+        assert step.status_code == 200
+        ended = step.json()
+        assert ended["done"] is True and ended["info"]["failed"] is True
+        assert "killed by SIGKILL" in ended["info"]["error"]
+        state = (await client.get(f"/v1/episodes/{victim}")).json()
+        assert state["status"] == "failed" and "killed by SIGKILL" in state["failure"]
     health = (await client.get("/healthz")).json()
     assert health["status"] == "ok"
     metrics = (await client.get("/metrics")).text
-    assert 'agentgym_env_episodes_failed_total{environment="sciworld",reason="SlotDiedError"} 1.0' in metrics
+    assert 'agentgym_env_episodes_failed_total{environment="sciworld",reason="SlotDiedError"} 2.0' in metrics
 
-    # the other episode carries on; the failed one can be reset onto a new JVM; new episodes work
-    other = await client.post(f"/v1/episodes/{bystander['episode_id']}/step", json={"action": "look around"})
-    assert other.json()["done"] is False
+    # the episode on the other JVM carries on; the failed ones can be reset onto new slots; new episodes work
+    other = await client.post(f"/v1/episodes/{bystander}/step", json={"action": "look around"})
+    assert other.json()["done"] is False and "failed" not in other.json()["info"]
     await _eventually(lambda: _slot_gone(pid))
-    again = await client.post(f"/v1/episodes/{victim['episode_id']}/reset", json={"task_id": "boil/v21"})
-    assert again.status_code == 200 and again.json()["info"]["jvm_pid"] != pid
-    moved = await client.post(f"/v1/episodes/{victim['episode_id']}/step", json={"action": "open door to kitchen"})
-    assert moved.json()["observation"] == "The door is now open."
+    for victim in victims:
+        again = await client.post(f"/v1/episodes/{victim}/reset", json={"task_id": "boil/v21"})
+        assert again.status_code == 200 and again.json()["info"]["jvm_pid"] != pid
+        moved = await client.post(f"/v1/episodes/{victim}/step", json={"action": "open door to kitchen"})
+        assert moved.json()["observation"] == "The door is now open."
 
 
 async def test_hung_jvm_times_out_and_its_slot_is_replaced() -> None:

@@ -23,10 +23,15 @@ valid actions element by element over py4j, every step. Here valid actions are c
 asked: `available_actions()` (GET /v1/episodes/{id}/actions, AgentGym's /action_hint), or on every
 step with ``valid_actions_in_step=True``.
 
-Settings (``agentgym env serve sciworld --set KEY=VALUE``): ``pool_size`` (JVMs at most, 8),
-``warm_slots`` (JVMs started up front; default all), ``heap_mb`` (per-JVM heap cap, 768),
-``lease_timeout_s`` (wait for a free JVM, 60), ``step_limit``, ``valid_actions_in_step``,
-``java``, ``java_options``, ``cds`` ("auto"/"off"/path), ``startup_timeout_s``, ``call_timeout_s``.
+Settings (``agentgym env serve sciworld --set KEY=VALUE``): ``pool_size`` (slots, i.e. simulators,
+at most: 8), ``warm_slots`` (slots started up front; default all), ``simulators_per_jvm`` (slots
+sharing one JVM, 8; 1 gives each its own JVM), ``heap_mb`` (heap cap per simulator, 768: a JVM of
+n simulators is capped at n x heap_mb), ``lease_timeout_s`` (wait for a free slot, 60),
+``step_limit``, ``valid_actions_in_step``, ``java``, ``java_options``, ``cds`` ("auto"/"off"/path),
+``startup_timeout_s``, ``call_timeout_s``.
+
+A JVM's slots share its fate: if it dies, every episode on it fails at its next call with the
+JVM's exit reason (`SlotDiedError`), and the pool replaces the JVM and its slots.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from typing import Any, ClassVar
 
 from agentgym.envs.base import Environment, EpisodeNotStartedError, ResetResult, StepResult
 from agentgym.envs.sciworld.jvm import DEFAULT_HEAP_MB, JVMDiedError, JVMSettings
-from agentgym.envs.sciworld.pool import PoolSettings, SciWorldPool, Slot, shared_pool
+from agentgym.envs.sciworld.pool import DEFAULT_SIMULATORS_PER_JVM, PoolSettings, SciWorldPool, Slot, shared_pool
 from agentgym.envs.sciworld.tasks import SciWorldCatalog, TaskInfo, load_catalog
 
 INVALID_PREFIXES = ("No known action matches that input.", "Unknown action.")
@@ -47,12 +52,16 @@ EPISODE_OVER = "The episode is over; reset to start a new one."
 
 
 class SlotDiedError(RuntimeError):
-    """The JVM behind this episode died or hung; the episode cannot go on (the pool replaces the JVM)."""
+    """The JVM behind this episode died or hung; the episode cannot go on (the pool replaces the JVM).
+
+    Every episode on that JVM's slots gets it at its next call, with the JVM's exit reason.
+    """
 
 
 def pool_settings(
     pool_size: int = 8,
     warm_slots: int | None = None,
+    simulators_per_jvm: int = DEFAULT_SIMULATORS_PER_JVM,
     heap_mb: int = DEFAULT_HEAP_MB,
     java: str | None = None,
     java_options: Sequence[str] | str = (),
@@ -73,6 +82,7 @@ def pool_settings(
     return PoolSettings(
         size=int(pool_size),
         warm_slots=None if warm_slots is None else int(warm_slots),
+        simulators_per_jvm=int(simulators_per_jvm),
         jvm=jvm,
     )
 
@@ -123,9 +133,9 @@ class SciWorldEnv(Environment):
         slot = self._lease()
         with self._busy:
             try:
-                slot.jvm.load(info.task_name, info.variation)
-                description = slot.jvm.task_description()
-                look, _, _, _ = slot.jvm.step("look around")
+                slot.sim.load(info.task_name, info.variation)
+                description = slot.sim.task_description()
+                look, _, _, _ = slot.sim.step("look around")
             except JVMDiedError as error:
                 raise SlotDiedError(str(error)) from error
         self._task = info
@@ -164,7 +174,7 @@ class SciWorldEnv(Environment):
         text = (action if isinstance(action, str) else str(action)).strip()
         with self._busy:
             try:
-                observation, raw, completed, moves = slot.jvm.step(text)
+                observation, raw, completed, moves = slot.sim.step(text)
             except JVMDiedError as error:
                 raise SlotDiedError(str(error)) from error
         raw_score = round(100 * raw)
@@ -214,8 +224,8 @@ class SciWorldEnv(Environment):
         with self._busy:
             try:
                 return {
-                    "possible_actions": slot.jvm.possible_actions(),
-                    "possible_objects": slot.jvm.possible_objects(),
+                    "possible_actions": slot.sim.possible_actions(),
+                    "possible_objects": slot.sim.possible_objects(),
                 }
             except JVMDiedError as error:
                 raise SlotDiedError(str(error)) from error
@@ -224,7 +234,7 @@ class SciWorldEnv(Environment):
         slot = self._require_episode()
         with self._busy:
             try:
-                return slot.jvm.goal_progress()
+                return slot.sim.goal_progress()
             except JVMDiedError as error:
                 raise SlotDiedError(str(error)) from error
 
@@ -273,6 +283,6 @@ class SciWorldEnv(Environment):
         slot = self._require_episode()
         with self._busy:
             try:
-                return slot.jvm.valid_actions()
+                return slot.sim.valid_actions()
             except JVMDiedError as error:
                 raise SlotDiedError(str(error)) from error

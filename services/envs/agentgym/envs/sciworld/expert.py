@@ -3,8 +3,9 @@
 ScienceWorld generates a gold path when a task is loaded with ``generateGoldPath``; it is a winning
 sequence for the world as reset (not necessarily the shortest, and it may run past the point where
 the task completes: replay it until the episode is done). Generating one takes a few hundred
-milliseconds to several seconds of JVM time (the genetics tasks are the slowest); it runs on a JVM
-leased from the same pool the environment uses, with the same keyword settings.
+milliseconds to several seconds of JVM time (the genetics tasks are the slowest; the simulators
+sharing that JVM wait meanwhile); it runs on a slot leased from the same pool the environment
+uses, with the same keyword settings.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ class SciWorldExpert:
         slot = self._pool.lease(self.lease_timeout_s)
         healthy = True
         try:
-            slot.jvm.load(info.task_name, info.variation, gold_path=True)
-            actions = slot.jvm.gold_actions()
+            slot.sim.load(info.task_name, info.variation, gold_path=True)
+            actions = slot.sim.gold_actions()
         except JVMDiedError as error:
             healthy = False
             raise SlotDiedError(str(error)) from error

@@ -1,4 +1,4 @@
-"""One ScienceWorld simulator in its own JVM, driven over py4j, with a capped heap.
+"""ScienceWorld simulators in JVMs launched by us, driven over py4j, with a capped heap.
 
 The `scienceworld` wheel's `ScienceWorldEnv` starts its JVM with Java's default heap (a quarter of
 the machine's memory) and, on every `step`, converts the full valid-action list element by element
@@ -6,12 +6,33 @@ over py4j (hundreds of socket round trips). This module launches the wheel's bun
 that it can choose the JVM's options, and exposes the simulator's calls one by one so the caller
 pays only for what it uses.
 
-JVM options (see `JVMSettings.java_options`):
+One JVM hosts one or more simulators (`Simulator`, one ScienceWorld ``PythonInterface`` object
+each, up to the JVM's `capacity`): a JVM costs ~1.3 CPU-seconds and ~100 MB to start, an extra
+simulator in a warm JVM ~0.12 CPU-seconds (its constructor builds ScienceWorld's whole task
+table, ~17,600 objects) and ~10-30 MB. Simulators of one JVM are separate
+worlds, but ScienceWorld keeps some of a world's state in JVM-wide singletons, so the JVM makes
+them safe to share:
 
-* ``-Xmx<heap_mb>m`` caps the heap (default 768 MB); ``-XX:+ExitOnOutOfMemoryError`` makes a JVM
-  that runs out of it exit (code 3) instead of limping on, so the pool replaces it;
-* the serial collector (one simulator thread: no parallel GC threads, smallest footprint), a small
-  initial heap that grows on demand and gives memory back after collections;
+* every simulator call holds the JVM's lock: one call at a time per JVM. The singletons (object
+  counter, random generator, type-id table) are unsynchronised; concurrent calls could give two
+  objects one id, corrupt the table, or draw from the generator while another world is laid out.
+  A JVM's step throughput is therefore one core's, shared by its simulators (a step takes
+  milliseconds, an agent's turn seconds);
+* when a call of another simulator comes next, the object counter and the random generator are
+  swapped for that simulator's own (`_SharedState`), so each simulator sees what it would see in
+  a JVM of its own. A JVM with capacity 1 swaps nothing.
+
+What they do share is fate: a JVM that dies takes all its simulators with it.
+
+JVM options (see `JVMSettings.base_options`):
+
+* ``-Xmx`` caps the heap: `heap_mb` (default 768 MB) per simulator the JVM hosts, so a pool's total
+  cap is its size x `heap_mb` however the simulators are packed; ``-XX:+ExitOnOutOfMemoryError``
+  makes a JVM that runs out of it exit (code 3) instead of limping on, so the pool replaces it;
+* the serial collector (simulator calls are serialised: no parallel GC threads, smallest
+  footprint), an initial heap that grows on demand and gives memory back after collections (64 MB
+  plus 16 MB per extra simulator it may host: starting 8 simulators from 64 MB took 11 full
+  collections, ~1.2 s; from 176 MB, 7 young ones);
 * an application class-data-sharing archive (AppCDS) of ScienceWorld's classes when one exists:
   class loading is most of a JVM's start-up, and the archive's pages are shared by every JVM on the
   machine. `build_cds_archive` writes it (the image does so at build time; a pool does it once in
@@ -38,7 +59,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -56,6 +77,9 @@ MIN_HEAP_MB = 128
 _SEPARATOR = "\n"
 # A world loaded and stepped once when a JVM starts, so its classes are loaded and warm.
 WARM_UP_TASK = ("boil", 0)
+# Initial heap of a JVM: 64 MB, and 16 MB more per extra simulator it is to host.
+_INITIAL_HEAP_MB = 64
+_INITIAL_HEAP_PER_EXTRA_MB = 16
 # Tasks exercised when building the class-data-sharing archive (diverse object and action classes).
 _CDS_TRAINING_TASKS = (
     ("boil", 0),
@@ -79,7 +103,7 @@ class JVMDiedError(JVMError):
 class JVMSettings:
     """How to launch a ScienceWorld JVM. Hashable: pools are shared per distinct settings."""
 
-    heap_mb: int = DEFAULT_HEAP_MB
+    heap_mb: int = DEFAULT_HEAP_MB  # heap cap per simulator; a JVM gets this times its capacity
     java: str | None = None  # the java executable; default: $JAVA_HOME/bin/java, else `java` on PATH
     java_options: tuple[str, ...] = ()  # extra JVM options, after the defaults (so they can override)
     cds: str = "auto"  # "auto": use (and build once) the archive in the cache; "off"; or a .jsa path
@@ -105,11 +129,17 @@ class JVMSettings:
             raise JVMError("no `java` on PATH and no JAVA_HOME: ScienceWorld needs a Java 17+ runtime")
         return found
 
-    def base_options(self) -> list[str]:
-        """The JVM options every ScienceWorld JVM gets (without the class-data-sharing ones)."""
-        initial = min(64, self.heap_mb)
+    def max_heap_mb(self, capacity: int = 1) -> int:
+        """The heap cap of a JVM hosting up to `capacity` simulators."""
+        return self.heap_mb * max(1, capacity)
+
+    def base_options(self, capacity: int = 1) -> list[str]:
+        """The JVM options of a JVM for `capacity` simulators (without the class-data-sharing ones)."""
+        cap = self.max_heap_mb(capacity)
+        # A warm simulator holds ~10 MB of live heap; starting one allocates several times that.
+        initial = min(_INITIAL_HEAP_MB + _INITIAL_HEAP_PER_EXTRA_MB * (max(1, capacity) - 1), cap)
         return [
-            f"-Xmx{self.heap_mb}m",
+            f"-Xmx{cap}m",
             f"-Xms{initial}m",
             "-XX:+UseSerialGC",
             "-XX:MinHeapFreeRatio=10",
@@ -170,11 +200,18 @@ def _describe_exit(code: int | None) -> str:
 class _Drain(threading.Thread):
     """Reads a child's pipe to the end, keeping the last lines (for error reports)."""
 
-    def __init__(self, stream: IO[bytes], keep: int, lines: queue.Queue[str] | None = None) -> None:
+    def __init__(
+        self,
+        stream: IO[bytes],
+        keep: int,
+        lines: queue.Queue[str] | None = None,
+        at_eof: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(daemon=True, name="sciworld-jvm-pipe")
         self.stream = stream
         self.tail: deque[str] = deque(maxlen=keep)
         self.lines = lines
+        self.at_eof = at_eof
 
     def run(self) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -185,19 +222,40 @@ class _Drain(threading.Thread):
                     self.lines.put(line)
         if self.lines is not None:
             self.lines.put("")  # EOF
+        if self.at_eof is not None:
+            self.at_eof()
 
 
 class ScienceWorldJVM:
-    """A JVM running ScienceWorld and one simulator (`PythonInterface`) inside it.
+    """A JVM running ScienceWorld, hosting up to `capacity` simulators (`add_simulator`).
 
-    Not thread-safe: one caller at a time (the pool leases it to one episode).
+    Thread-safe: simulator calls from any thread are serialised by the JVM's lock (see the module
+    docstring for why); each simulator is driven by one caller at a time (the pool leases it to one
+    episode).
     """
 
-    def __init__(self, settings: JVMSettings, *, archive: Path | None = None, dump_archive: Path | None = None):
-        """Start the JVM and the simulator. `archive`: use this CDS archive; `dump_archive`: write one at exit."""
+    def __init__(
+        self,
+        settings: JVMSettings,
+        *,
+        capacity: int = 1,
+        archive: Path | None = None,
+        dump_archive: Path | None = None,
+    ):
+        """Start the JVM (no simulator yet). `archive`: use this CDS archive; `dump_archive`: write one at exit."""
+        if capacity < 1:
+            raise ValueError(f"a JVM hosts at least one simulator, not {capacity}")
         self.settings = settings
+        self.capacity = capacity
         self.started_at = time.monotonic()
-        options = settings.base_options()
+        self.simulators: list[Simulator] = []
+        self._lock = threading.Lock()  # held for every simulator call: one at a time per JVM
+        self._shared_state: _SharedState | None = None  # swapped between simulators (capacity > 1)
+        self._active: Simulator | None = None  # the simulator whose state the JVM's singletons hold
+        self._task_table: Any = None  # the first simulator's task table, before its first load
+        self._exit_lock = threading.Lock()
+        self._exit_callbacks: list[Callable[[ScienceWorldJVM], None]] | None = []  # None once exited
+        options = settings.base_options(capacity)
         if dump_archive is not None:
             options.append(f"-XX:ArchiveClassesAtExit={dump_archive}")
         elif archive is not None:
@@ -218,11 +276,13 @@ class ScienceWorldJVM:
             )
         except OSError as error:
             raise JVMError(f"cannot start {self.command[0]}: {error}") from error
+        self.pid = self.process.pid
         assert self.process.stdout is not None and self.process.stderr is not None
         self._stderr = _Drain(self.process.stderr, keep=40)
         self._stderr.start()
         lines: queue.Queue[str] = queue.Queue()
-        self._stdout = _Drain(self.process.stdout, keep=5, lines=lines)
+        # stdout reaches its end only when the process exits: that is when the exit callbacks run.
+        self._stdout = _Drain(self.process.stdout, keep=5, lines=lines, at_eof=self._exited)
         self._stdout.start()
         self._gateway: JavaGateway | None = None
         try:
@@ -233,13 +293,13 @@ class ScienceWorldJVM:
             )
             jvm: Any = self._gateway.jvm
             jvm.java.lang.System.setOut(jvm.java.io.PrintStream(jvm.java.io.OutputStream.nullOutputStream()))
-            self.server: Any = jvm.scienceworld.runtime.pythonapi.PythonInterface()
             self._string: Any = jvm.java.lang.String
+            if capacity > 1:
+                self._shared_state = _SharedState(jvm)
         except Exception as error:
             reason = self.failure_reason() if self.process.poll() is not None else str(error)
             self.kill()
             raise JVMError(f"ScienceWorld JVM failed to start: {reason}") from error
-        self.pid = self.process.pid
 
     def _read_port(self, lines: queue.Queue[str], timeout: float) -> int:
         deadline = time.monotonic() + timeout
@@ -263,6 +323,60 @@ class ScienceWorldJVM:
                     raise JVMError(self.failure_reason())
                 raise JVMError("the JVM closed its output without printing a gateway port")
 
+    # -- simulators ------------------------------------------------------------------------------
+
+    def add_simulator(self) -> Simulator:
+        """Create one more simulator in this JVM (~0.12 CPU-s once the JVM is warm)."""
+        with self._lock:
+            if len(self.simulators) >= self.capacity:
+                raise JVMError(f"this JVM already hosts its {self.capacity} simulator(s)")
+            simulator = Simulator(self, index=len(self.simulators))
+            self.simulators.append(simulator)  # its place, so that concurrent additions respect the capacity
+        try:
+            self._construct(simulator)
+        except BaseException:
+            with self._lock:
+                self.simulators.remove(simulator)
+            raise
+        return simulator
+
+    def _construct(self, simulator: Simulator) -> None:
+        with self.exclusive(simulator):  # its construction draws ids and random numbers: its own
+            server = self._jvm().scienceworld.runtime.pythonapi.PythonInterface()
+            simulator._server = server
+            if self._shared_state is None:
+                return  # a JVM of one simulator
+            # ScienceWorld's constructor builds the whole task table (~12 MB), and every load builds
+            # a new one; until its first load a simulator only reads task names and variation counts
+            # from it, the same for all. Pointing later simulators at the JVM's first table frees
+            # theirs at once: collections need not copy them (starting 8 simulators is ~5 % cheaper)
+            # and a slot never loaded holds ~6 MB less.
+            if self._task_table is None:
+                self._task_table = server.taskMaker()
+            else:
+                getattr(server, "taskMaker_$eq")(self._task_table)
+
+    @contextlib.contextmanager
+    def exclusive(self, simulator: Simulator | None = None) -> Iterator[None]:
+        """Hold the JVM for one operation of `simulator` (its calls run alone, on its own state).
+
+        py4j's errors of a dead or hung JVM become JVMDiedError with the reason. A call waits for
+        the lock at most twice the call timeout: the call holding it has had its own timeout by
+        then (which kills a JVM that stopped answering), so a JVM still held is hung.
+        """
+        if not self._lock.acquire(timeout=2 * self.settings.call_timeout_s):
+            reason = f"ScienceWorld JVM (pid {self.pid}) stopped answering: a call has held it for too long"
+            self.kill()
+            raise JVMDiedError(reason)
+        try:
+            with self._guard():
+                if simulator is not None and simulator is not self._active and self._shared_state is not None:
+                    self._shared_state.switch(self._active, simulator)
+                    self._active = simulator
+                yield
+        finally:
+            self._lock.release()
+
     # -- health ----------------------------------------------------------------------------------
 
     def alive(self) -> bool:
@@ -275,6 +389,26 @@ class ScienceWorldJVM:
         text = f"ScienceWorld JVM (pid {self.process.pid}) {'died' if code is not None else 'stopped answering'}"
         text += f" ({_describe_exit(code)})"
         return f"{text}: {tail}" if tail else text
+
+    def on_exit(self, callback: Callable[[ScienceWorldJVM], None]) -> None:
+        """Call `callback(self)` once the process has exited (at once if it already has), from a pipe thread."""
+        with self._exit_lock:
+            if self._exit_callbacks is not None:
+                self._exit_callbacks.append(callback)
+                return
+        callback(self)
+
+    def _exited(self) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            # Timed: a timed wait polls and never holds Popen's wait lock, so poll() elsewhere stays exact.
+            self.process.wait(timeout=60)
+        with self._exit_lock:
+            callbacks, self._exit_callbacks = self._exit_callbacks or [], None
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:
+                log.exception("a ScienceWorld JVM exit callback failed")
 
     def rss_bytes(self) -> int | None:
         """Resident memory of the JVM process (Linux), None where unknown."""
@@ -297,14 +431,12 @@ class ScienceWorldJVM:
         with self._guard():
             bean = self._jvm().java.lang.management.ManagementFactory.getRuntimeMXBean()
             arguments = bean.getInputArguments()
-        return self._strings(arguments)
+            return self._strings(arguments)
 
     def _jvm(self) -> Any:
         if self._gateway is None:
-            raise JVMDiedError("the JVM is closed")
+            raise JVMDiedError(self.failure_reason() if not self.alive() else "the JVM is closed")
         return self._gateway.jvm
-
-    # -- simulator calls -------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
@@ -315,11 +447,6 @@ class ScienceWorldJVM:
             raise  # an exception inside the simulator: the JVM itself is fine
         except Py4JError as error:  # the connection broke: the JVM died, or is dying
             raise self._died(error) from error
-
-    def call(self, name: str, *args: Any) -> Any:
-        """Call a PythonInterface method (a dead or hung JVM raises JVMDiedError with the reason)."""
-        with self._guard():
-            return getattr(self.server, name)(*args)
 
     def _died(self, error: BaseException) -> JVMDiedError:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -332,69 +459,8 @@ class ScienceWorldJVM:
 
     def _strings(self, java_list: Any) -> list[str]:
         """A java.util.List of strings in one round trip (py4j would fetch it element by element)."""
-        with self._guard():
-            joined: str = self._string.join(_SEPARATOR, java_list)
+        joined: str = self._string.join(_SEPARATOR, java_list)
         return joined.split(_SEPARATOR) if joined else []
-
-    def load(self, task_name: str, variation: int, gold_path: bool = False) -> None:
-        error: str = self.call("load", task_name, variation, "", gold_path)
-        if error:
-            raise ValueError(f"ScienceWorld could not load {task_name} variation {variation}: {error}")
-
-    def step(self, action: str) -> tuple[str, float, bool, int]:
-        """The raw step: (observation, score in 0-1 or -1 on failure, completed, moves)."""
-        observation: str = self.call("step", action)
-        return observation, float(self.call("getScore")), bool(self.call("getCompleted")), int(self.call("getNumMoves"))
-
-    def task_description(self) -> str:
-        return str(self.call("getTaskDescription"))
-
-    def look(self) -> str:
-        return str(self.call("freeActionLook"))
-
-    def inventory(self) -> str:
-        return str(self.call("freeActionInventory"))
-
-    def goal_progress(self) -> str:
-        return str(self.call("getGoalProgressStr"))
-
-    def valid_actions(self) -> list[str]:
-        return self._list_call("getValidActionObjectCombinations")
-
-    def possible_actions(self) -> list[str]:
-        return self._list_call("getPossibleActions")
-
-    def possible_objects(self) -> list[str]:
-        return self._list_call("getPossibleObjects")
-
-    def gold_actions(self) -> list[str]:
-        return self._list_call("getGoldActionSequence")
-
-    def variations(self) -> tuple[list[int], list[int], list[int]]:
-        """ScienceWorld's train/dev/test variation indices of the loaded task."""
-        return self._ints("getVariationsTrain"), self._ints("getVariationsDev"), self._ints("getVariationsTest")
-
-    def _ints(self, name: str) -> list[int]:
-        """A java.util.List of integers in one round trip (its toString is ``[1, 2, 3]``)."""
-        java_list = self.call(name)
-        with self._guard():
-            text: str = java_list.toString()
-        inner = text.strip().removeprefix("[").removesuffix("]").strip()
-        return [int(item) for item in inner.split(",")] if inner else []
-
-    def max_variations(self, task_name: str) -> int:
-        return int(self.call("getTaskMaxVariations", task_name))
-
-    def task_names(self) -> list[str]:
-        return self._list_call("getTaskNames")
-
-    def _list_call(self, name: str) -> list[str]:
-        return self._strings(self.call(name))
-
-    def warm_up(self) -> None:
-        """Load and step one small world so the classes the simulator needs are loaded and compiled."""
-        self.load(*WARM_UP_TASK)
-        self.step("look around")
 
     # -- shutdown --------------------------------------------------------------------------------
 
@@ -438,6 +504,147 @@ class ScienceWorldJVM:
                     stream.close()
 
 
+def _scala_object(jvm: Any, name: str) -> Any:
+    """A Scala `object` (the singleton instance of class ``name$``)."""
+    return jvm.java.lang.Class.forName(f"{name}$").getField("MODULE$").get(None)
+
+
+class _SharedState:
+    """ScienceWorld's per-world state that lives in JVM-wide singletons, swapped per simulator.
+
+    * the object counter (``util.UniqueIdentifier.count``): every load resets it to 0 and numbers
+      the new world's objects from there; objects made later (steam, mixtures, seeds) take the
+      next ids. Ids are object equality (``EnvObject.equals``): shared, a neighbour's load would
+      make later objects of this world take ids its existing objects have (seen: three steam
+      objects equal to three older objects). Each simulator keeps its own count;
+    * the random generator (``scala.util.Random``): every load seeds it and lays the world out
+      from it; stochastic dynamics draw from it while stepping (bees, Punnett squares). Each
+      simulator gets a ``java.util.Random`` of its own, put behind ``scala.util.Random`` while it
+      runs (its private ``self`` field, set by reflection: Scala's classes are in no Java module,
+      so Java 17 allows it), so its draws follow its own seed as in a JVM of its own.
+
+    Both are swapped when a call of another simulator comes next (three round trips; none while
+    one simulator runs call after call). With calls serialised, a simulator then sees what it
+    would see alone in a JVM of its own (a test replays interleaved and concurrent episodes
+    against one).
+    """
+
+    def __init__(self, jvm: Any) -> None:
+        self._jvm = jvm
+        self._ids = _scala_object(jvm, "util.UniqueIdentifier")
+        self._random_holder = _scala_object(jvm, "scala.util.Random")
+        self._random_field: Any = None
+        try:
+            field = jvm.java.lang.Class.forName("scala.util.Random").getDeclaredField("self")
+            field.setAccessible(True)
+            self._random_field = field
+        except Py4JJavaError as error:  # a Java that forbids it: only stochastic dynamics are affected
+            log.warning("ScienceWorld simulators of a JVM will share its random generator: %s", error)
+
+    def switch(self, previous: Simulator | None, simulator: Simulator) -> None:
+        """Save `previous`'s state from the singletons and put `simulator`'s in."""
+        if previous is not None:
+            previous._object_ids = int(self._ids.count())
+        getattr(self._ids, "count_$eq")(simulator._object_ids)
+        if self._random_field is not None:
+            if simulator._random is None:
+                simulator._random = self._jvm.java.util.Random()  # seeded by its first load
+            self._random_field.set(self._random_holder, simulator._random)
+
+
+class Simulator:
+    """One ScienceWorld simulator (a ``PythonInterface``) in a `ScienceWorldJVM`, maybe one of several.
+
+    Each method is one operation that holds the JVM's lock. Not for concurrent use: the pool leases
+    a simulator to one episode at a time.
+    """
+
+    def __init__(self, jvm: ScienceWorldJVM, index: int) -> None:
+        self.jvm = jvm
+        self.index = index
+        self._server: Any = None  # its PythonInterface, created by `ScienceWorldJVM.add_simulator`
+        self._object_ids = 0  # its object counter while another simulator runs (see _SharedState)
+        self._random: Any = None  # its random generator (a java.util.Random; see _SharedState)
+
+    @property
+    def pid(self) -> int:
+        return self.jvm.pid
+
+    def alive(self) -> bool:
+        return self.jvm.alive()
+
+    def __repr__(self) -> str:
+        return f"<Simulator {self.index} of JVM pid={self.jvm.pid}>"
+
+    def call(self, name: str, *args: Any) -> Any:
+        """Call a PythonInterface method (a dead or hung JVM raises JVMDiedError with the reason)."""
+        with self.jvm.exclusive(self):
+            return getattr(self._server, name)(*args)
+
+    def load(self, task_name: str, variation: int, gold_path: bool = False) -> None:
+        with self.jvm.exclusive(self):
+            error: str = self._server.load(task_name, variation, "", gold_path)
+        if error:
+            raise ValueError(f"ScienceWorld could not load {task_name} variation {variation}: {error}")
+
+    def step(self, action: str) -> tuple[str, float, bool, int]:
+        """The raw step: (observation, score in 0-1 or -1 on failure, completed, moves)."""
+        with self.jvm.exclusive(self):
+            server = self._server
+            observation: str = server.step(action)
+            return observation, float(server.getScore()), bool(server.getCompleted()), int(server.getNumMoves())
+
+    def task_description(self) -> str:
+        return str(self.call("getTaskDescription"))
+
+    def look(self) -> str:
+        return str(self.call("freeActionLook"))
+
+    def inventory(self) -> str:
+        return str(self.call("freeActionInventory"))
+
+    def goal_progress(self) -> str:
+        return str(self.call("getGoalProgressStr"))
+
+    def valid_actions(self) -> list[str]:
+        return self._list_call("getValidActionObjectCombinations")
+
+    def possible_actions(self) -> list[str]:
+        return self._list_call("getPossibleActions")
+
+    def possible_objects(self) -> list[str]:
+        return self._list_call("getPossibleObjects")
+
+    def gold_actions(self) -> list[str]:
+        return self._list_call("getGoldActionSequence")
+
+    def variations(self) -> tuple[list[int], list[int], list[int]]:
+        """ScienceWorld's train/dev/test variation indices of the loaded task."""
+        return self._ints("getVariationsTrain"), self._ints("getVariationsDev"), self._ints("getVariationsTest")
+
+    def _ints(self, name: str) -> list[int]:
+        """A java.util.List of integers in one round trip (its toString is ``[1, 2, 3]``)."""
+        with self.jvm.exclusive(self):
+            text: str = getattr(self._server, name)().toString()
+        inner = text.strip().removeprefix("[").removesuffix("]").strip()
+        return [int(item) for item in inner.split(",")] if inner else []
+
+    def max_variations(self, task_name: str) -> int:
+        return int(self.call("getTaskMaxVariations", task_name))
+
+    def task_names(self) -> list[str]:
+        return self._list_call("getTaskNames")
+
+    def _list_call(self, name: str) -> list[str]:
+        with self.jvm.exclusive(self):
+            return self.jvm._strings(getattr(self._server, name)())
+
+    def warm_up(self) -> None:
+        """Load and step one small world so the classes the simulator needs are loaded and compiled."""
+        self.load(*WARM_UP_TASK)
+        self.step("look around")
+
+
 _ARCHIVE_LOCK = threading.Lock()
 
 
@@ -468,12 +675,13 @@ def build_cds_archive(
         try:
             jvm = ScienceWorldJVM(settings, dump_archive=Path(temporary))
             try:
+                simulator = jvm.add_simulator()
                 for task_name, variation in tasks:
-                    jvm.load(task_name, variation)
-                    jvm.step("look around")
-                    jvm.valid_actions()
-                    jvm.step("open door to kitchen")
-                    jvm.inventory()
+                    simulator.load(task_name, variation)
+                    simulator.step("look around")
+                    simulator.valid_actions()
+                    simulator.step("open door to kitchen")
+                    simulator.inventory()
             finally:
                 jvm.close(timeout=120)  # the archive is written during the orderly exit
             if not os.path.exists(temporary) or os.path.getsize(temporary) == 0:

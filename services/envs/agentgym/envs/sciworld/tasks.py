@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from agentgym.envs.base import TaskCatalog, UnknownTaskError
 
 if TYPE_CHECKING:
-    from agentgym.envs.sciworld.jvm import ScienceWorldJVM
+    from agentgym.envs.sciworld.jvm import Simulator
 
 AGENTGYM_EXCLUDED: frozenset[str] = frozenset({"5-1", "5-2", "9-1", "9-2", "9-3", "10-1", "10-2"})
 SPLITS: tuple[str, ...] = ("train", "dev", "test")
@@ -195,17 +195,17 @@ def load_catalog() -> SciWorldCatalog:
     return SciWorldCatalog(_load_kinds(json.loads(text)["tasks"]))
 
 
-def read_variation_table(jvm: ScienceWorldJVM) -> list[dict[str, Any]]:
+def read_variation_table(simulator: Simulator) -> list[dict[str, Any]]:
     """Every task's variation count and train/dev/test ranges, as the simulator reports them."""
     from scienceworld.constants import TASKS
 
     rows: list[dict[str, Any]] = []
     for task in TASKS:
         name = task["task_name"]
-        count = jvm.max_variations(name)
-        jvm.load(name, 0)
+        count = simulator.max_variations(name)
+        simulator.load(name, 0)
         row: dict[str, Any] = {"task_id": task["task_id"], "name": name, "variations": count}
-        for split, variations in zip(SPLITS, jvm.variations(), strict=True):
+        for split, variations in zip(SPLITS, simulator.variations(), strict=True):
             first, end = (min(variations), max(variations) + 1) if variations else (0, 0)
             if sorted(variations) != list(range(first, end)):
                 raise RuntimeError(f"{name}: the {split} variations are not one contiguous range")
@@ -222,7 +222,7 @@ def main() -> None:
 
     jvm = ScienceWorldJVM(JVMSettings(cds="off"))
     try:
-        rows = read_variation_table(jvm)
+        rows = read_variation_table(jvm.add_simulator())
     finally:
         jvm.close()
     path = Path(__file__).with_name(DATA_FILE)
