@@ -432,6 +432,37 @@ def test_simulators_sharing_a_jvm_are_independent() -> None:
         shared.close()
 
 
+def test_adding_a_simulator_and_list_calls_take_few_round_trips() -> None:
+    """py4j asks the JVM once per dot of `jvm.a.b.C` and per static member access: the JVM looks
+    its classes up once, so a simulator added to a warm JVM costs 6 round trips (its state swapped
+    in, constructed, pointed at the JVM's first task table) and a list answer 2."""
+    settings = JVMSettings()
+    jvm = ScienceWorldJVM(settings, capacity=3, archive=usable_archive(settings))
+    try:
+        assert jvm._gateway is not None
+        client = jvm._gateway._gateway_client
+        sent: list[str] = []
+        send = client.send_command
+
+        def counting(command: str, *args: Any, **kwargs: Any) -> Any:
+            sent.append(command)
+            return send(command, *args, **kwargs)
+
+        client.send_command = counting
+        first = jvm.add_simulator()
+        jvm.add_simulator()
+        sent.clear()
+        third = jvm.add_simulator()
+        assert len(sent) <= 6, sent
+        names = first.task_names()
+        assert len(names) == 30 and third.task_names() == names
+        sent.clear()  # `third` runs now: its next calls swap nothing in
+        assert third.task_names() == names
+        assert len(sent) == 2, sent
+    finally:
+        jvm.close()
+
+
 @pytest.mark.slow
 def test_slot_memory_is_bounded_and_flat_over_500_episodes() -> None:
     """Two slots sharing a JVM over 500 episodes each: RSS per slot under 600 MB, within 10 % of its

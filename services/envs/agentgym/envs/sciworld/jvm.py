@@ -65,7 +65,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import IO, Any
 
-from py4j.java_gateway import GatewayParameters, JavaGateway, find_jar_path
+from py4j.java_gateway import GatewayParameters, JavaClass, JavaGateway, find_jar_path
 from py4j.protocol import Py4JError, Py4JJavaError
 from scienceworld.constants import BASEPATH, JAR_PATH
 
@@ -291,11 +291,15 @@ class ScienceWorldJVM:
                 gateway_parameters=GatewayParameters(port=port, read_timeout=settings.call_timeout_s),
                 java_process=self.process,
             )
-            jvm: Any = self._gateway.jvm
-            jvm.java.lang.System.setOut(jvm.java.io.PrintStream(jvm.java.io.OutputStream.nullOutputStream()))
-            self._string: Any = jvm.java.lang.String
+            client = self._gateway._gateway_client
+            null_stream = _java_class(client, "java.io.OutputStream").nullOutputStream()
+            _java_class(client, "java.lang.System").setOut(_java_class(client, "java.io.PrintStream")(null_stream))
+            # Looked up once: py4j resolves `jvm.a.b.C` one round trip per dot, and a static member
+            # of a class one more round trip on every access.
+            self._join: Any = _java_class(client, "java.lang.String").join
+            self._interface_class: Any = _java_class(client, "scienceworld.runtime.pythonapi.PythonInterface")
             if capacity > 1:
-                self._shared_state = _SharedState(jvm)
+                self._shared_state = _SharedState(client)
         except Exception as error:
             reason = self.failure_reason() if self.process.poll() is not None else str(error)
             self.kill()
@@ -342,15 +346,19 @@ class ScienceWorldJVM:
 
     def _construct(self, simulator: Simulator) -> None:
         with self.exclusive(simulator):  # its construction draws ids and random numbers: its own
-            server = self._jvm().scienceworld.runtime.pythonapi.PythonInterface()
+            self._jvm()  # raises JVMDiedError once the JVM is closed
+            server = self._interface_class()
             simulator._server = server
             if self._shared_state is None:
                 return  # a JVM of one simulator
-            # ScienceWorld's constructor builds the whole task table (~12 MB), and every load builds
-            # a new one; until its first load a simulator only reads task names and variation counts
-            # from it, the same for all. Pointing later simulators at the JVM's first table frees
-            # theirs at once: collections need not copy them (starting 8 simulators is ~5 % cheaper)
-            # and a slot never loaded holds ~6 MB less.
+            # ScienceWorld's constructor builds the whole task table (~12 MB; it has no constructor or
+            # factory that takes one), and every load builds a new one: the table's objects become
+            # the loaded world, so a table serves one load only. Until its first load a simulator
+            # only reads task names and variation counts from it, the same for all. Pointing later
+            # simulators at the JVM's first table frees theirs at once: collections need not copy
+            # them (starting 8 simulators is ~5 % cheaper) and a slot never loaded holds ~6 MB less.
+            # Building a table draws ~17,200 object ids and scala.util.Random numbers, so the
+            # construction runs alone, on the new simulator's own state (see `_SharedState`).
             if self._task_table is None:
                 self._task_table = server.taskMaker()
             else:
@@ -459,7 +467,7 @@ class ScienceWorldJVM:
 
     def _strings(self, java_list: Any) -> list[str]:
         """A java.util.List of strings in one round trip (py4j would fetch it element by element)."""
-        joined: str = self._string.join(_SEPARATOR, java_list)
+        joined: str = self._join(_SEPARATOR, java_list)
         return joined.split(_SEPARATOR) if joined else []
 
     # -- shutdown --------------------------------------------------------------------------------
@@ -504,9 +512,14 @@ class ScienceWorldJVM:
                     stream.close()
 
 
-def _scala_object(jvm: Any, name: str) -> Any:
+def _java_class(client: Any, name: str) -> Any:
+    """The py4j handle of Java class `name`, made without asking the JVM (`jvm.a.b.C` asks once per dot)."""
+    return JavaClass(name, client)
+
+
+def _scala_object(client: Any, name: str) -> Any:
     """A Scala `object` (the singleton instance of class ``name$``)."""
-    return jvm.java.lang.Class.forName(f"{name}$").getField("MODULE$").get(None)
+    return _java_class(client, "java.lang.Class").forName(f"{name}$").getField("MODULE$").get(None)
 
 
 class _SharedState:
@@ -529,13 +542,13 @@ class _SharedState:
     against one).
     """
 
-    def __init__(self, jvm: Any) -> None:
-        self._jvm = jvm
-        self._ids = _scala_object(jvm, "util.UniqueIdentifier")
-        self._random_holder = _scala_object(jvm, "scala.util.Random")
+    def __init__(self, client: Any) -> None:
+        self._new_random = _java_class(client, "java.util.Random")
+        self._ids = _scala_object(client, "util.UniqueIdentifier")
+        self._random_holder = _scala_object(client, "scala.util.Random")
         self._random_field: Any = None
         try:
-            field = jvm.java.lang.Class.forName("scala.util.Random").getDeclaredField("self")
+            field = _java_class(client, "java.lang.Class").forName("scala.util.Random").getDeclaredField("self")
             field.setAccessible(True)
             self._random_field = field
         except Py4JJavaError as error:  # a Java that forbids it: only stochastic dynamics are affected
@@ -548,7 +561,7 @@ class _SharedState:
         getattr(self._ids, "count_$eq")(simulator._object_ids)
         if self._random_field is not None:
             if simulator._random is None:
-                simulator._random = self._jvm.java.util.Random()  # seeded by its first load
+                simulator._random = self._new_random()  # seeded by its first load
             self._random_field.set(self._random_holder, simulator._random)
 
 
