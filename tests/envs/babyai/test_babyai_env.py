@@ -577,3 +577,24 @@ def _find_action(
             if match and known is not None and accept(known):
                 return task_id, match[1]
     raise AssertionError(f"no test task offers {pattern!r} at reset")
+
+
+def test_observations_without_the_action_list() -> None:
+    listed, bare = BabyAIEnv(), agentgym.envs.make("babyai", list_actions=False)
+    task = "GoToRedBallGrey/s1"
+    full, short = listed.reset(task), bare.reset(task)
+    assert "Available actions:" in full.observation
+    assert "Available actions:" not in short.observation
+    assert short.observation == full.observation.split("\nAvailable actions:")[0]
+    assert short.available_actions == full.available_actions  # still offered through the API
+    invalid = bare.step("go to red ball 1")  # not seen yet
+    assert invalid.info.get("invalid_action") and "Available actions" not in invalid.observation
+    assert "have not seen" in invalid.observation
+    listing = bare.step("check available actions")
+    assert "turn left" in listing.observation
+    for action in ["turn right", "turn right", "go to red ball 1"]:  # the expert's path: same outcome
+        a, b = listed.step(action), bare.step(action)
+        assert (a.reward, a.done) == (b.reward, b.done)
+    assert b.done and b.reward > 0
+    with pytest.raises(ValueError, match="list_actions"):
+        BabyAIEnv(list_actions="no")  # type: ignore[arg-type]

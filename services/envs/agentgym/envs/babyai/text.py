@@ -78,8 +78,8 @@ def facing_phrase(env: RoomGridLevel, world: WorldModel) -> str:
     return object_label(known) if known is not None else f"a {cell.color} {cell.type}"
 
 
-def describe_state(env: RoomGridLevel, world: WorldModel, actions: list[str]) -> str:
-    """The agent's view in words, what it remembers, what it carries and what it can do."""
+def describe_state(env: RoomGridLevel, world: WorldModel, actions: list[str] | None) -> str:
+    """The agent's view in words, what it remembers, what it carries and (``actions`` given) what it can do."""
     agent = (int(env.agent_pos[0]), int(env.agent_pos[1]))
     direction = int(env.agent_dir)
     lines: list[str] = []
@@ -107,7 +107,8 @@ def describe_state(env: RoomGridLevel, world: WorldModel, actions: list[str]) ->
         lines.append(f"You are carrying {carried.name}.")
     else:
         lines.append("You are not carrying anything.")
-    lines.append(available_actions_line(actions))
+    if actions is not None:
+        lines.append(available_actions_line(actions))
     return "\n".join(lines)
 
 
