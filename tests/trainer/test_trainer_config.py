@@ -24,10 +24,17 @@ def test_from_spec_maps_every_field_group() -> None:
             "metadata": {"name": "quick"},
             "spec": {
                 "model": {"name": "builtin:tiny", "maxContextTokens": 2048},
-                "environments": [{"name": "babyai", "split": "train-easy"}],
+                "environments": [{"name": "babyai", "split": "train-easy", "config": {"list_actions": False}}],
                 "algorithm": {"name": "grpo", "groupSize": 8, "learningRate": 1e-4},
                 "curriculum": {"kind": "scaling_inter", "horizons": [4, 8, 12], "stageSteps": 10},
-                "trainer": {"totalSteps": 30, "checkpointEvery": 5, "sftWarmupSteps": 40, "sftLearningRate": 1e-3},
+                "trainer": {
+                    "totalSteps": 30,
+                    "checkpointEvery": 5,
+                    "sftWarmupSteps": 40,
+                    "sftLearningRate": 1e-3,
+                    "sftTasks": 96,
+                    "sftBatchSize": 4,
+                },
                 "storage": {"checkpointUri": "file://runs/quickstart"},
             },
         }
@@ -35,9 +42,10 @@ def test_from_spec_maps_every_field_group() -> None:
     config = RLTrainerConfig.from_spec(run.spec, run=run.metadata.name)
     assert config.output_dir == Path("runs/quickstart/quick")
     assert (config.algorithm, config.group_size, config.learning_rate) == ("grpo", 8, 1e-4)
-    assert config.environments == [EnvironmentConfig("babyai", "train-easy", 1.0)]
+    assert config.environments == [EnvironmentConfig("babyai", "train-easy", 1.0, None, {"list_actions": False})]
     assert (config.total_steps, config.checkpoint_every, config.sft_warmup_steps) == (30, 5, 40)
-    assert config.sft_learning_rate == 1e-3
+    assert (config.sft_learning_rate, config.sft_tasks, config.sft_batch_size) == (1e-3, 96, 4)
+    assert config.to_dict()["environments"][0]["config"] == {"list_actions": False}
     assert config.max_context_tokens == 2048
     schedule = config.build_schedule()
     assert isinstance(schedule, ScalingInterSchedule)

@@ -239,6 +239,10 @@ class TrainerSpec(SpecModel):
     """Supervised steps on expert demonstrations before RL."""
     sft_learning_rate: float = Field(default=1e-4, gt=0)
     """Learning rate of the SFT warm-up (a small model trained from scratch wants a larger one)."""
+    sft_tasks: int = Field(default=32, ge=1)
+    """Tasks of each environment's training split whose expert demonstrations the SFT warm-up trains on."""
+    sft_batch_size: int = Field(default=8, ge=1)
+    """Demonstrations per SFT optimiser step."""
 
     @model_validator(mode="after")
     def _deepspeed_needs_gpus(self) -> TrainerSpec:

@@ -31,6 +31,8 @@ class EnvironmentConfig:
     weight: float = 1.0
     url: str | None = None
     """A running env service: its task catalog is read over HTTP (no environment engine needed here)."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """The environment's settings (the spec's ``config``): the SFT warm-up replays demonstrations with them."""
 
 
 def checkpoint_root_from_uri(uri: str) -> Path:
@@ -203,7 +205,10 @@ class RLTrainerConfig:
             if isinstance(value, Path):
                 value = str(value)
             elif f.name == "environments":
-                value = [{"name": e.name, "split": e.split, "weight": e.weight, "url": e.url} for e in value]
+                value = [
+                    {"name": e.name, "split": e.split, "weight": e.weight, "url": e.url, "config": dict(e.config)}
+                    for e in value
+                ]
             elif isinstance(value, tuple):
                 value = list(value)
             out[f.name] = value
@@ -273,7 +278,9 @@ class RLTrainerConfig:
             "critic_learning_rate": algo.critic_learning_rate,
             "value_clip": algo.value_clip,
             "curriculum": curriculum,
-            "environments": [EnvironmentConfig(e.name, e.split, e.weight, e.url) for e in spec.environments],
+            "environments": [
+                EnvironmentConfig(e.name, e.split, e.weight, e.url, dict(e.config)) for e in spec.environments
+            ],
             "tasks_per_step": roll.tasks_per_step,
             "max_tokens_per_turn": roll.max_tokens_per_turn,
             "temperature": roll.temperature,
@@ -291,6 +298,8 @@ class RLTrainerConfig:
             "seed": tr.seed,
             "sft_warmup_steps": tr.sft_warmup_steps,
             "sft_learning_rate": tr.sft_learning_rate,
+            "sft_tasks": tr.sft_tasks,
+            "sft_batch_size": tr.sft_batch_size,
         }
         values.update(overrides)
         return cls(**values)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -38,6 +39,7 @@ __all__ = ["build_warmup_examples", "run_training"]
 
 def build_warmup_examples(config: RLTrainerConfig, tokenizer: Any) -> list[SFTExample]:
     """Expert demonstrations of ``sft_tasks`` tasks of each environment's training split."""
+    from agentgym.envs import make as make_environment
     from agentgym.rollout.tokens import ChatTokenizer
     from agentgym.trainer.sft import SFTBuildReport, expert_sft_examples, sample_task_ids
 
@@ -48,7 +50,15 @@ def build_warmup_examples(config: RLTrainerConfig, tokenizer: Any) -> list[SFTEx
     for env in config.environments:
         report = SFTBuildReport()
         task_ids = sample_task_ids(env.name, env.split, config.sft_tasks, config.seed)
-        examples += expert_sft_examples(env.name, task_ids, chat, max_tokens=config.max_context_tokens, report=report)
+        settings = dict(env.config)
+        examples += expert_sft_examples(
+            env.name,
+            task_ids,
+            chat,
+            max_tokens=config.max_context_tokens,
+            make_env=functools.partial(make_environment, **settings),
+            report=report,
+        )
         log.info("SFT warm-up data for %s: %s", env.name, report)
     if not examples:
         raise RuntimeError("no expert demonstration could be built for the SFT warm-up")
