@@ -135,3 +135,19 @@ def test_failed_save_leaves_previous_checkpoint(
     assert [p.name for p in root.iterdir()] == ["step-1"]  # no half-written step-2, no temp folder
     assert latest_checkpoint(root) == good
     assert trainer.current_policy_dir == good
+
+
+def test_a_resumed_trainer_uses_its_configured_learning_rate(
+    config_factory: Callable[..., Any],
+    make_batch: Callable[..., list[rl_pb2.Trajectory]],
+    tmp_path: Path,
+) -> None:
+    # The optimiser state holds the lr it was saved with (e.g. `agentgym sft`'s trainer, or a spec edited
+    # before --resume): loading it must not silently replace the configured one.
+    first = RLTrainer(config_factory(output_dir=tmp_path / "run", learning_rate=2e-5))
+    _run_steps(first, make_batch, range(1))
+    first.save_checkpoint()
+    resumed = RLTrainer(config_factory(output_dir=tmp_path / "run", learning_rate=3e-4))
+    assert resumed.maybe_resume() is not None
+    assert resumed.engine.get_lr() == 3e-4
+    assert resumed.train_step(make_batch(11, 1, groups=2, group_size=4)).train["learning_rate"] == 3e-4

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from agentgym.envs import environment_class, make
 from agentgym.envs.client import Opened, Stepped
@@ -152,3 +153,69 @@ def test_rejection_sampling_and_dpo(
     assert all(m is not None for m in losses)
     assert losses[-1]["sft_loss"] < losses[0]["sft_loss"]  # type: ignore[index]
     assert rft.rejection_sampling_step([t for t in batch if not t.success]) is None
+
+
+def test_rl_after_the_warm_up_starts_with_a_fresh_optimiser(
+    config_factory: Callable[..., Any],
+    examples: list[SFTExample],
+    make_batch: Callable[..., list[rl_pb2.Trajectory]],
+) -> None:
+    lr = 1e-4
+    trainer = RLTrainer(config_factory(sft_learning_rate=1e-2, learning_rate=lr, micro_batch_tokens=512))
+    trainer.sft(examples, steps=4, batch_size=3)
+    assert trainer.engine.optimizer_state()["state"] == {}  # the SFT's moments are gone
+    before = [p.detach().clone() for p in trainer.policy.parameters()]
+    trainer.train_step(make_batch(3, 0, groups=2, group_size=4, policy_version=trainer.policy_version))
+    moved = max(float((p.detach() - b).abs().max()) for p, b in zip(trainer.policy.parameters(), before, strict=True))
+    # A fresh AdamW's first step moves a parameter by lr (m_hat / sqrt(v_hat) = +-1); with the SFT's large
+    # second moments carried over it moved far less.
+    assert moved == pytest.approx(lr, rel=0.05)
+
+
+def test_sft_can_keep_the_optimiser_state(config_factory: Callable[..., Any], examples: list[SFTExample]) -> None:
+    trainer = RLTrainer(config_factory(sft_learning_rate=1e-2, micro_batch_tokens=512))
+    trainer.sft(examples, steps=2, batch_size=3, mark_done=False)  # e.g. rejection-sampling rounds
+    assert trainer.engine.optimizer_state()["state"] != {}
+
+
+def test_the_kl_reference_is_the_warmed_up_policy_and_survives_a_resume(
+    config_factory: Callable[..., Any],
+    examples: list[SFTExample],
+    make_batch: Callable[..., list[rl_pb2.Trajectory]],
+    tmp_path: Path,
+) -> None:
+    config = config_factory(output_dir=tmp_path / "run", kl_coef=0.1, sft_learning_rate=1e-2, micro_batch_tokens=512)
+    trainer = RLTrainer(config)
+    raw = {name: p.detach().clone() for name, p in trainer.policy.named_parameters()}
+    trainer.sft(examples, steps=3, batch_size=3)
+    assert trainer.reference is not None
+    for name, p in trainer.reference.named_parameters():  # the anchor moved with the warm-up
+        assert torch.equal(p, dict(trainer.policy.named_parameters())[name].detach())
+    assert any(not torch.equal(p, raw[name]) for name, p in trainer.reference.named_parameters())
+    # At RL's first step the policy is its reference: the KL term starts at zero.
+    metrics = trainer.train_step(make_batch(3, 0, groups=2, group_size=4, policy_version=trainer.policy_version))
+    assert metrics.train["kl"] == pytest.approx(0.0, abs=1e-6)
+    trainer.save_checkpoint()
+    anchor = {name: p.detach().clone() for name, p in trainer.reference.named_parameters()}
+
+    resumed = RLTrainer(config)
+    assert resumed.maybe_resume() is not None
+    assert resumed.reference is not None
+    for name, p in resumed.reference.named_parameters():
+        assert torch.equal(p, anchor[name])
+
+
+def test_warm_up_demonstrations_are_replayed_with_the_environment_settings(chat: ChatTokenizer) -> None:
+    from agentgym.trainer.config import EnvironmentConfig, RLTrainerConfig
+    from agentgym.trainer.loop import build_warmup_examples
+
+    def config(settings: dict[str, Any]) -> RLTrainerConfig:
+        env = EnvironmentConfig("babyai", "train-easy", config=settings)
+        return RLTrainerConfig(model="builtin:tiny", environments=[env], sft_tasks=4, max_context_tokens=2048)
+
+    listed = build_warmup_examples(config({}), chat.tokenizer)
+    bare = build_warmup_examples(config({"list_actions": False}), chat.tokenizer)
+    assert [e.task_id for e in listed] == [e.task_id for e in bare]
+    assert "Available actions: turn left" in chat.tokenizer.decode(listed[0].prompt_ids)
+    assert "Available actions: turn left" not in chat.tokenizer.decode(bare[0].prompt_ids)
+    assert sum(len(e.prompt_ids) for e in bare) < sum(len(e.prompt_ids) for e in listed)

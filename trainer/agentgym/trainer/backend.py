@@ -47,6 +47,8 @@ class PolicyEngine(Protocol):
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None: ...
 
+    def reset_optimizer_state(self) -> None: ...
+
 
 class TorchEngine:
     """AdamW on one device (CPU, or one GPU) with global-norm gradient clipping."""
@@ -87,3 +89,7 @@ class TorchEngine:
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
+
+    def reset_optimizer_state(self) -> None:
+        """Forget the moment estimates and step counts (the next step is a fresh AdamW's first); lr is kept."""
+        self.optimizer.state.clear()

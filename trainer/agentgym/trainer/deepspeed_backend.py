@@ -176,6 +176,11 @@ class DeepSpeedEngine:
     def load_optimizer_state(self, state: dict[str, Any]) -> None:  # pragma: no cover - GPU only
         self.optimizer.load_state_dict(state)
 
+    def reset_optimizer_state(self) -> None:  # pragma: no cover - GPU only
+        # ZeRO wraps a torch-style optimizer over its fp32 partitions; its state is created lazily on the next step.
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)
+        inner.state.clear()
+
     def save_engine_state(self, folder: Path) -> None:  # pragma: no cover - GPU only
         """Optimizer (partitioned under ZeRO) and engine state, in DeepSpeed's own layout."""
         self.ds.save_checkpoint(str(folder), tag="engine", save_latest=False)

@@ -216,6 +216,7 @@ class RLTrainer:
             _enable_activation_checkpointing(self.policy)
         self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer()
         self.reference: nn.Module | None = None
+        self.reference_dir: Path | None = None  # set once the SFT warm-up's policy is the reference
         if config.kl_coef > 0:
             self.reference = self._frozen_copy(self.policy)
         self.critic: ValueModel | None = None
@@ -684,9 +685,22 @@ class RLTrainer:
         }
 
     def sft(
-        self, examples: Sequence[SFTExample], steps: int, batch_size: int | None = None, *, mark_done: bool = True
+        self,
+        examples: Sequence[SFTExample],
+        steps: int,
+        batch_size: int | None = None,
+        *,
+        mark_done: bool = True,
+        reset_optimizer: bool | None = None,
     ) -> list[dict[str, float]]:
-        """``steps`` SFT optimiser steps over ``examples`` (reshuffled each pass, seeded); bumps the policy version."""
+        """``steps`` SFT optimiser steps over ``examples`` (reshuffled each pass, seeded); bumps the policy version.
+
+        The warm-up (``mark_done``) is a stage of its own: afterwards the optimiser's state is reset
+        (``reset_optimizer``, default ``mark_done``), so RL starts with a fresh AdamW. Carried over, the
+        SFT's second-moment estimates (cross-entropy gradients, far larger than policy-gradient ones,
+        decaying over ~1 / (1 - beta2) = 1000 steps) would shrink every RL update for hundreds of steps,
+        and its first moments would push RL's first steps along the SFT's direction.
+        """
         if steps < 0:
             raise ValueError("steps must be >= 0")
         if not examples:
@@ -708,7 +722,26 @@ class RLTrainer:
             self.policy_version += 1
         if mark_done:
             self.sft_done = True
+            if steps:
+                self._adopt_policy_as_reference()
+        if steps and (mark_done if reset_optimizer is None else reset_optimizer):
+            self.engine.reset_optimizer_state()
         return history
+
+    def _adopt_policy_as_reference(self) -> None:
+        """After the SFT warm-up the KL anchor is the warmed-up policy, RL's starting point.
+
+        Anchoring to the raw model instead would pull RL back towards what the warm-up just trained
+        away (for a model trained from scratch: towards random weights). The reference is saved once
+        to ``<output_dir>/reference`` and named in every later checkpoint, so a resume restores it.
+        """
+        if self.reference is None:
+            return
+        folder = self.config.run_dir / "reference"
+        with atomic_directory(folder) as tmp:
+            self._save_policy(tmp)
+        self.reference = self._frozen_copy(self._load_lm(folder).to(self.device))
+        self.reference_dir = folder
 
     @staticmethod
     def rejection_sampling_examples(
@@ -833,6 +866,7 @@ class RLTrainer:
             "step": self.step,
             "policy_version": self.policy_version,
             "sft_done": self.sft_done,
+            "reference_dir": str(self.reference_dir) if self.reference_dir is not None else None,
             "curriculum": self.schedule.state_dict(),
             "curriculum_state": self.schedule.state().to_dict(),
             "seen_trajectory_ids": self.seen_ids.to_list(),
@@ -906,16 +940,26 @@ class RLTrainer:
             load_engine_state(path / "engine")
         else:
             self.engine.load_optimizer_state(optimizer_state["policy"])
+        # The optimiser state carries the learning rate it was saved with (e.g. an `agentgym sft` run's, or
+        # before the spec changed); the config is the source of truth (there is no schedule to resume).
+        self.engine.set_lr(self.config.learning_rate)
         if self.critic is not None and self.critic_engine is not None:
             if not (path / "critic").is_dir() or optimizer_state.get("critic") is None:
                 raise ValueError(f"{path} has no critic (needed for ppo)")
             self.critic.load(path / "critic")
             self.critic_engine.load_optimizer_state(optimizer_state["critic"])
+            self.critic_engine.set_lr(self.config.critic_learning_rate)
         self.schedule.load_state_dict(state["curriculum"])
         self.seen_ids.replace(state.get("seen_trajectory_ids", []))
         self.step = int(state["step"])
         self.policy_version = int(state["policy_version"])
         self.sft_done = bool(state.get("sft_done", False))
+        reference_dir = state.get("reference_dir")
+        if reference_dir and self.config.kl_coef > 0:
+            if not (Path(reference_dir) / "config.json").is_file():
+                raise ValueError(f"{path} names the KL reference {reference_dir}, which is missing")
+            self.reference = self._frozen_copy(self._load_lm(Path(reference_dir)).to(self.device))
+            self.reference_dir = Path(reference_dir)
         self.last_metrics = {str(k): float(v) for k, v in dict(state.get("metrics", {})).items()}
         restore_rng_state(torch.load(path / "rng.pt", map_location="cpu", weights_only=False))
         self.last_checkpoint = path
