@@ -25,7 +25,7 @@ def test_from_spec_maps_every_field_group() -> None:
             "spec": {
                 "model": {"name": "builtin:tiny", "maxContextTokens": 2048},
                 "environments": [{"name": "babyai", "split": "train-easy", "config": {"list_actions": False}}],
-                "algorithm": {"name": "grpo", "groupSize": 8, "learningRate": 1e-4},
+                "algorithm": {"name": "grpo", "groupSize": 8, "learningRate": 1e-4, "invalidActionPenalty": 0.1},
                 "curriculum": {"kind": "scaling_inter", "horizons": [4, 8, 12], "stageSteps": 10},
                 "trainer": {
                     "totalSteps": 30,
@@ -45,6 +45,7 @@ def test_from_spec_maps_every_field_group() -> None:
     assert config.environments == [EnvironmentConfig("babyai", "train-easy", 1.0, None, {"list_actions": False})]
     assert (config.total_steps, config.checkpoint_every, config.sft_warmup_steps) == (30, 5, 40)
     assert (config.sft_learning_rate, config.sft_tasks, config.sft_batch_size) == (1e-3, 96, 4)
+    assert config.reward_config().invalid_action_penalty == 0.1
     assert config.to_dict()["environments"][0]["config"] == {"list_actions": False}
     assert config.max_context_tokens == 2048
     schedule = config.build_schedule()

@@ -107,3 +107,31 @@ def test_rollout_metrics_per_environment() -> None:
     assert stats["all"]["failed_rate"] == pytest.approx(1 / 3)
     flat = flatten_metrics({"env": stats, "kl": 0.1})
     assert flat["babyai/success_rate"] == 0.5 and flat["kl"] == 0.1
+
+
+def test_invalid_action_penalty_per_malformed_turn() -> None:
+    t = _two_turns("babyai")
+    t.final_score, t.success = 0.8, True
+    t.turns[0].invalid_action = True  # the first action was rejected, the second one succeeded
+    mask = torch.tensor([list(t.loss_mask)], dtype=torch.float32)
+    config = RewardConfig(invalid_action_penalty=0.1)
+    # Token level: -0.1 on the last sampled token of the invalid turn (position 1), outcome 0.8 at the end;
+    # the turns' own rewards stay out (turn_reward_coef 0).
+    assert token_rewards([t], mask, config).tolist() == [[0, pytest.approx(-0.1), 0, 0, 0, 0, 0, pytest.approx(0.8)]]
+    # Group scores: 0.8 - 0.1; a clean trajectory keeps its outcome; two invalid turns cost 0.2.
+    clean = _two_turns("babyai")
+    clean.final_score = 0.8
+    both = _two_turns("babyai")
+    both.final_score = 0.0
+    for turn in both.turns:
+        turn.invalid_action = True
+    assert trajectory_scores([t, clean, both], config).tolist() == [
+        pytest.approx(0.7),
+        pytest.approx(0.8),
+        pytest.approx(-0.2),
+    ]
+    # With turn rewards on as well, both add up: 0.8 + (0.8 * 10 + 0.8 * 30) - 0.1.
+    both_terms = RewardConfig(turn_reward_coef=0.8, invalid_action_penalty=0.1)
+    assert trajectory_scores([t], both_terms).tolist() == [pytest.approx(0.8 + 32.0 - 0.1)]
+    with pytest.raises(ValueError, match="invalid_action_penalty"):
+        RewardConfig(invalid_action_penalty=-1.0)

@@ -123,6 +123,8 @@ class AlgorithmSpec(SpecModel):
     """GRPO: divide by the group's reward std."""
     loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
     max_grad_norm: float = Field(default=1.0, gt=0)
+    invalid_action_penalty: float = Field(default=0.0, ge=0)
+    """Reward subtracted for every malformed or rejected action (per turn; 0: outcome reward only)."""
     critic_learning_rate: float = Field(default=1e-5, gt=0)
     """PPO only: value model learning rate."""
     value_clip: float = Field(default=0.5, gt=0)

@@ -95,6 +95,8 @@ class RLTrainerConfig:
     """``score`` (env score normalised to [0, 1]: /100 for SciWorld, clipped), ``success`` (1/0), ``none``."""
     turn_reward_coef: float = 0.0
     """Weight of per-turn rewards (0: env step rewards already sum to the score; see rewards.py)."""
+    invalid_action_penalty: float = 0.0
+    """Subtracted (normalised units) for every malformed or rejected action (see ``rewards``)."""
     score_scales: dict[str, float] = field(default_factory=dict)
     """Overrides of the per-environment score unit (default sciworld 100, others 1)."""
     train_on_failed: bool = False
@@ -173,7 +175,9 @@ class RLTrainerConfig:
         self.environments = [
             e if isinstance(e, EnvironmentConfig) else EnvironmentConfig(**e) for e in self.environments
         ]
-        RewardConfig(self.outcome_reward, self.turn_reward_coef, self.score_scales)  # validates
+        RewardConfig(
+            self.outcome_reward, self.turn_reward_coef, self.score_scales, self.invalid_action_penalty
+        )  # validates
 
     # ------------------------------------------------------------------------------------------
 
@@ -191,7 +195,7 @@ class RLTrainerConfig:
         return self.run_dir / "weights"
 
     def reward_config(self) -> RewardConfig:
-        return RewardConfig(self.outcome_reward, self.turn_reward_coef, self.score_scales)
+        return RewardConfig(self.outcome_reward, self.turn_reward_coef, self.score_scales, self.invalid_action_penalty)
 
     def build_schedule(self) -> HorizonSchedule:
         params = dict(self.curriculum)
@@ -274,6 +278,7 @@ class RLTrainerConfig:
             "lam": algo.lam,
             "normalize_by_std": algo.normalize_by_std,
             "loss_aggregation": algo.loss_aggregation,
+            "invalid_action_penalty": algo.invalid_action_penalty,
             "max_grad_norm": algo.max_grad_norm,
             "critic_learning_rate": algo.critic_learning_rate,
             "value_clip": algo.value_clip,

@@ -13,6 +13,12 @@ Per-turn rewards (``turn_reward_coef``)
     the success step, SciWorld the score increments), so adding them to the outcome reward would
     count the result twice. Set it (e.g. with ``outcome_reward="none"`` for dense credit, or to
     bring in shaping penalties) when that is what you want.
+Invalid-action penalty (``invalid_action_penalty``)
+    ``- invalid_action_penalty`` (normalised units) on every turn whose action did not parse or that
+    the environment rejected (``Turn.invalid_action``), independent of ``turn_reward_coef``. DEFAULT 0.
+    With outcome rewards alone, credit is per trajectory: the well-formed later turns of a failed
+    episode are pushed down with it, and a small policy can unlearn its output format that way;
+    the penalty ranks failed episodes by how many turns they wasted on malformed actions.
 
 Where rewards go
     Token-level estimators (PPO-GAE, REINFORCE++): each turn's reward on the LAST SAMPLED token of
@@ -63,11 +69,15 @@ class RewardConfig:
         outcome: OutcomeReward = "score",
         turn_reward_coef: float = 0.0,
         score_scales: Mapping[str, float] | None = None,
+        invalid_action_penalty: float = 0.0,
     ) -> None:
         if outcome not in ("score", "success", "none"):
             raise ValueError(f"outcome reward must be score, success or none, got {outcome!r}")
+        if invalid_action_penalty < 0:
+            raise ValueError(f"invalid_action_penalty must be >= 0, got {invalid_action_penalty}")
         self.outcome: OutcomeReward = outcome
         self.turn_reward_coef = float(turn_reward_coef)
+        self.invalid_action_penalty = float(invalid_action_penalty)
         self.score_scales = {**DEFAULT_SCORE_SCALES, **dict(score_scales or {})}
         for name, scale in self.score_scales.items():
             if not scale > 0:
@@ -97,7 +107,7 @@ def _turn_rewards(trajectory: rl_pb2.Trajectory, config: RewardConfig) -> tuple[
     """
     ends: list[int] = []
     rewards: list[float] = []
-    if config.turn_reward_coef == 0.0:
+    if config.turn_reward_coef == 0.0 and config.invalid_action_penalty == 0.0:
         return ends, rewards
     scale = score_scale(trajectory.environment, config)
     previous = 0
@@ -107,13 +117,14 @@ def _turn_rewards(trajectory: rl_pb2.Trajectory, config: RewardConfig) -> tuple[
         if end <= previous or end > length or turn.action_end <= turn.action_start:
             continue
         ends.append(end)
-        rewards.append(config.turn_reward_coef * float(turn.reward) / scale)
+        penalty = config.invalid_action_penalty if turn.invalid_action else 0.0
+        rewards.append(config.turn_reward_coef * float(turn.reward) / scale - penalty)
         previous = end
     return ends, rewards
 
 
 def trajectory_scores(trajectories: Sequence[rl_pb2.Trajectory], config: RewardConfig) -> Tensor:
-    """``[B]`` scores for GRPO/RLOO: outcome reward plus the weighted sum of turn rewards."""
+    """``[B]`` scores for GRPO/RLOO: outcome reward plus the weighted turn rewards and invalid-action penalties."""
     values = []
     for trajectory in trajectories:
         _, rewards = _turn_rewards(trajectory, config)
