@@ -72,6 +72,11 @@ def run_command(
     run_dir: Annotated[Path | None, typer.Option(help="Run directory (default: runs/<metadata.name>)")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --run-dir from its checkpoint")] = False,
     live: Annotated[bool, typer.Option(help="Live panel on a terminal")] = True,
+    evaluate: Annotated[
+        bool, typer.Option(help="Held-out success before training, after the SFT warm-up and at the end")
+    ] = True,
+    eval_tasks: Annotated[int, typer.Option(min=1, help="Tasks of each eval split the run's evals play")] = 100,
+    eval_samples: Annotated[int, typer.Option(min=1, help="Episodes per eval task")] = 1,
 ) -> None:
     """Run a TrainingRun on this machine: embedded NATS, env services, CPU inference, rollout, trainer."""
     import asyncio
@@ -80,6 +85,7 @@ def run_command(
     from rich.live import Live
 
     from agentgym.local.live import Progress
+    from agentgym.local.run_eval import RunEvalSettings
     from agentgym.local.runner import LocalRunner
     from agentgym.spec import SpecError, load_training_run
 
@@ -103,7 +109,8 @@ def run_command(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         handlers=[logging.FileHandler(directory / "runner.log")],
     )
-    runner = LocalRunner(run, directory, resume=resume)
+    eval_settings = RunEvalSettings(tasks=eval_tasks, samples=eval_samples, enabled=evaluate)
+    runner = LocalRunner(run, directory, resume=resume, eval_settings=eval_settings)
     progress = Progress(run.metadata.name, run.spec.trainer.total_steps, console, directory / "steps.log")
     runner.status.listeners.append(progress.update)
     console.print(f"[bold]agentgym run[/] {run.metadata.name} -> {directory}  (logs: {directory / 'logs'})")
@@ -123,6 +130,8 @@ def run_command(
         code = asyncio.run(main())
     status = runner.status.status
     console.print(f"[bold]{status.phase}[/] at step {status.step}; status: {directory / 'status.json'}")
+    for line in runner.summary_lines():  # held-out success before training, after SFT, at the end
+        console.print(line, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -139,6 +148,10 @@ def eval_command(
     concurrency: Annotated[int, typer.Option(min=1)] = 32,
     seed: int = 0,
     out: Annotated[Path | None, typer.Option(help="Write the JSON here (e.g. <run>/eval/step-30.json)")] = None,
+    settings_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Environment setting KEY=VALUE (JSON value), as the run's environments[].config"),
+    ] = None,
 ) -> None:
     """Evaluate a policy on an environment split: avg@k, pass@k, and max-turn sweeps (JSON)."""
     import tempfile
@@ -164,6 +177,7 @@ def eval_command(
         max_tokens_per_turn=max_tokens_per_turn,
         concurrency=concurrency,
         seed=seed,
+        env_settings=[f"{key}={json.dumps(value)}" for key, value in _parse_settings(settings_ or []).items()],
     )
     with tempfile.TemporaryDirectory(prefix="agentgym-eval-") as work:
         try:

@@ -62,15 +62,46 @@ class EvalSettings:
     max_context_tokens: int = 4096
     concurrency: int = 32
     seed: int = 0
+    spread: bool = False
+    """Fewer tasks than the split holds: False takes the first ``tasks``, True spreads them evenly over the split."""
+    env_settings: list[str] = field(default_factory=list)
+    """``KEY=VALUE`` settings for the environment service (``agentgym env serve --set``)."""
+
+
+def eval_task_ids(environment: str, split: str, tasks: int, spread: bool = False) -> list[str]:
+    """The task ids an evaluation plays: the first ``tasks`` of ``split``, or ``tasks`` spread evenly over it."""
+    catalog = environment_class(environment).catalog()
+    if not spread:
+        return list(catalog.task_ids(split, limit=tasks))
+    size = len(catalog.task_ids(split))
+    count = min(tasks, size)
+    return [catalog.task_id(split, (i * size) // count) for i in range(count)]
+
+
+def success_standard_error(successes: dict[str, list[bool]]) -> float:
+    """Standard error of the mean success over tasks (each task's success averaged over its samples).
+
+    Tasks are the sampling unit: samples of one task are correlated, so a binomial error over all
+    episodes would understate the uncertainty. With one task (or none) the error is 0.
+    """
+    rates = [sum(values) / len(values) for values in successes.values() if values]
+    m = len(rates)
+    if m < 2:
+        return 0.0
+    mean = sum(rates) / m
+    return math.sqrt(sum((r - mean) ** 2 for r in rates) / (m - 1) / m)
 
 
 def summarise(successes: dict[str, list[bool]], scores: dict[str, list[float]], samples: int) -> dict[str, Any]:
-    """avg@k, pass@k for k in 1, 2, 4, ..., and mean score over tasks."""
+    """avg@k, pass@k for k in 1, 2, 4, ..., mean score, and the success rate with its standard error."""
     all_success = [s for values in successes.values() for s in values]
+    rate = sum(all_success) / max(len(all_success), 1)
     result: dict[str, Any] = {
         "tasks": len(successes),
         "episodes": len(all_success),
-        f"avg@{samples}": sum(all_success) / max(len(all_success), 1),
+        f"avg@{samples}": rate,
+        "success": rate,
+        "success_se": success_standard_error(successes),
         "score_mean": sum(s for values in scores.values() for s in values) / max(len(all_success), 1),
         "pass@k": {},
     }
@@ -80,9 +111,14 @@ def summarise(successes: dict[str, list[bool]], scores: dict[str, list[float]], 
     return result
 
 
-async def _play_all(settings: EvalSettings, inference_url: str, env_url: str, chat: ChatTokenizer) -> dict[str, Any]:
-    catalog = environment_class(settings.environment).catalog()
-    task_ids = list(catalog.task_ids(settings.split, limit=settings.tasks))
+async def play_split(settings: EvalSettings, inference_url: str, env_url: str, chat: ChatTokenizer) -> dict[str, Any]:
+    """Play ``settings`` against running services (inference at ``inference_url``, the environment at ``env_url``).
+
+    Returns ``{"by_max_turns": {"<turns>": summary}}``, one :func:`summarise` summary (plus ``turns_mean``,
+    ``errors``, ``seconds``) per max-turn budget. Each episode is seeded from ``settings.seed`` and its
+    sample index, so the same policy plays the same episodes.
+    """
+    task_ids = eval_task_ids(settings.environment, settings.split, settings.tasks, settings.spread)
     semaphore = asyncio.Semaphore(settings.concurrency)
     results: dict[str, Any] = {"by_max_turns": {}}
     async with (
@@ -171,12 +207,13 @@ def evaluate(model: str, settings: EvalSettings, work_dir: Path) -> dict[str, An
                         str(settings.concurrency + 8),
                         "--log-level",
                         "warning",
+                        *[arg for setting in settings.env_settings for arg in ("--set", setting)],
                     ],
                     f"{env_url}/healthz",
                 )
             ),
         )
-        return await _play_all(settings, inference_url, env_url, chat)
+        return await play_split(settings, inference_url, env_url, chat)
 
     try:
         results = asyncio.run(main())

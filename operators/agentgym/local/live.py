@@ -51,6 +51,21 @@ def step_line(status: TrainingRunStatus, total_steps: int, eta: float | None) ->
     return " | ".join(parts)
 
 
+EVAL_PHASES = {"start": "before training", "sft": "after SFT warm-up", "end": "final policy"}
+
+
+def eval_line(phase: str, metrics: dict[str, float]) -> str | None:
+    """``eval (before training): success 0.00 ± 0.00, 128 episodes, horizon 5, 21 s``; None before it ran."""
+    prefix = f"eval/{phase}"
+    if f"{prefix}/success" not in metrics:
+        return None
+    return (
+        f"eval ({EVAL_PHASES.get(phase, phase)}): success {metrics[f'{prefix}/success']:.2f} "
+        f"± {metrics.get(f'{prefix}/success_se', 0.0):.2f}, {metrics.get(f'{prefix}/episodes', 0):.0f} episodes, "
+        f"horizon {metrics.get(f'{prefix}/horizon', 0):.0f}, {metrics.get(f'{prefix}/seconds', 0):.0f} s"
+    )
+
+
 def panel(name: str, status: TrainingRunStatus, total_steps: int, eta: float | None) -> Table:
     table = Table(title=f"agentgym run: {name}  [{status.phase}]", show_header=False, expand=False)
     table.add_column("what", style="bold")
@@ -62,6 +77,11 @@ def panel(name: str, status: TrainingRunStatus, total_steps: int, eta: float | N
         value = pick(status.metrics, keys)
         table.add_row(label, "-" if value is None else f"{value:.4g}")
     table.add_row("ETA", "-" if eta is None else f"{eta / 60:.1f} min")
+    for phase, label in EVAL_PHASES.items():
+        key = f"eval/{phase}/success"
+        if key in status.metrics:
+            se = status.metrics.get(f"eval/{phase}/success_se", 0.0)
+            table.add_row(f"eval: {label}", f"{status.metrics[key]:.2f} ± {se:.2f}")
     conditions = ", ".join(f"{c.type}={c.status}" for c in status.conditions)
     table.add_row("conditions", conditions or "-")
     return table
@@ -78,7 +98,14 @@ class Progress:
         self.started = time.time()
         self.first_step: int | None = None
         self.last_logged_step = -1
+        self.logged_evals: set[str] = set()
         self.live: Any = None
+
+    def _log(self, line: str) -> None:
+        with open(self.log_path, "a") as handle:
+            handle.write(f"{time.strftime('%H:%M:%S')} {line}\n")
+        if self.live is None:
+            self.console.print(line, soft_wrap=True)
 
     def update(self, status: TrainingRunStatus) -> None:
         if self.first_step is None:
@@ -86,10 +113,11 @@ class Progress:
         eta = eta_seconds(status, self.total_steps, self.started, self.first_step)
         if status.step != self.last_logged_step and status.horizon is not None:
             self.last_logged_step = status.step
-            line = step_line(status, self.total_steps, eta)
-            with open(self.log_path, "a") as handle:
-                handle.write(f"{time.strftime('%H:%M:%S')} {line}\n")
-            if self.live is None:
-                self.console.print(line)
+            self._log(step_line(status, self.total_steps, eta))
+        for phase in EVAL_PHASES:
+            line = eval_line(phase, status.metrics) if phase not in self.logged_evals else None
+            if line is not None:
+                self.logged_evals.add(phase)
+                self._log(line)
         if self.live is not None:
             self.live.update(panel(self.name, status, self.total_steps, eta))

@@ -12,6 +12,11 @@ and, in this process, the controller the operator is in the cluster: it follows 
 CurriculumState on the run's control stream, makes inference load each new policy version, and keeps
 `<run>/status.json` (the CRD status: phase, conditions, step, horizon, versions, metrics). Everything of
 the run lands in one directory: spec, logs, events, status, metrics, checkpoints, traces.
+
+The runner also measures what the run learned (`agentgym.local.run_eval`): held-out success on each
+environment's eval split before training (while the trainer starts and warms up; the first weight roll
+waits for it), after the SFT warm-up (before the controller rolls the next policy version, while the
+first RL step's episodes play on the same policy), and on the final policy once the trainer is done.
 """
 
 from __future__ import annotations
@@ -32,6 +37,15 @@ import yaml
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from agentgym.inference.client import CompletionClient, InferenceError
+from agentgym.local.run_eval import (
+    PhaseResult,
+    RunEvalSettings,
+    evaluate_served_policy,
+    gains,
+    load_phases,
+    summary_lines,
+    write_phase,
+)
 from agentgym.local.supervisor import ProcessFailedError, ProcessSpec, Supervisor
 from agentgym.messaging import EmbeddedNats, RunChannels, decode_message, ensure_run_streams, free_port
 from agentgym.proto import rl_pb2
@@ -88,7 +102,15 @@ class RunStatus:
 class LocalRunner:
     """Reconciles one TrainingRun onto local processes; `run()` returns the process exit code."""
 
-    def __init__(self, run: TrainingRun, run_dir: Path, *, resume: bool = False, spec_path: Path | None = None):
+    def __init__(
+        self,
+        run: TrainingRun,
+        run_dir: Path,
+        *,
+        resume: bool = False,
+        spec_path: Path | None = None,
+        eval_settings: RunEvalSettings | None = None,
+    ):
         self.run = run
         self.spec = run.spec
         self.name = run.metadata.name
@@ -104,6 +126,12 @@ class LocalRunner:
         self.inference_url = ""
         self.started_at = time.time()
         self.step_lines: list[Callable[[rl_pb2.CurriculumState], None]] = []
+        self.eval_settings = eval_settings or RunEvalSettings()
+        self.evals: dict[str, PhaseResult] = load_phases(run_dir) if resume else {}
+        self.timings: dict[str, float] = {}
+        self._chat: Any = None
+        self._pending_eval: asyncio.Task[None] | None = None  # the start or sft eval, while it plays
+        self._clock = time.perf_counter()
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -128,6 +156,18 @@ class LocalRunner:
                 if task is not stop_waiter and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
             if done_waiter in finished:
+                self.timings["trainer_done"] = self._elapsed()
+                if controller is not None:
+                    controller.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await controller
+                # No more steps will be requested: the rollout workers stop (up to their grace period)
+                # while the final evaluation plays, not after it. The watcher must not restart them.
+                watcher.cancel()
+                rollouts = [name for name in self.supervisor.processes if name.startswith("rollout")]
+                stopping = asyncio.create_task(asyncio.to_thread(self.supervisor.stop_all, rollouts))
+                await self._final_evaluation()
+                await stopping
                 self.status.status.phase = "Succeeded"
                 self.status.status.completion_time = _now()
                 self.status.condition("Complete", True, "TotalStepsReached")
@@ -152,7 +192,12 @@ class LocalRunner:
                 controller.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await controller
+            if self._pending_eval is not None and not self._pending_eval.done():
+                self._pending_eval.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._pending_eval
             self.shutdown()
+            self._write_summary()
             self.status.save()
 
     def shutdown(self) -> None:
@@ -231,6 +276,15 @@ class LocalRunner:
         await asyncio.gather(*(self.supervisor.start(spec) for spec in [*envs, inference]))
         self.status.condition("EnvironmentsReady", True, "ServicesHealthy", ", ".join(sorted(self.urls)))
         self.status.condition("InferenceReady", True, "ServerHealthy", self.inference_url)
+        self.timings["services_up"] = self._elapsed()
+        if self.eval_settings.enabled:
+            from agentgym.inference.models import load_tokenizer
+            from agentgym.rollout.tokens import ChatTokenizer
+
+            self._chat = ChatTokenizer(load_tokenizer(model_dir))
+            if "start" not in self.evals and not self.resume:
+                # The initial policy, before any training: it plays while the trainer starts and warms up.
+                self._pending_eval = asyncio.create_task(self._evaluate("start", 0), name="eval-start")
 
         telemetry_env = {"AGENTGYM_TELEMETRY_DIR": str(self.run_dir / "telemetry")}
         for index in range(self.spec.rollout.workers):
@@ -279,6 +333,7 @@ class LocalRunner:
         )
         await self.supervisor.start(trainer)
         self.status.condition("TrainerRunning", True, "Started")
+        self.timings["trainer_started"] = self._elapsed()
         self.status.status.metrics["startup_seconds"] = round(time.perf_counter() - started, 2)
         self.status.save()
         log.info(
@@ -317,7 +372,10 @@ class LocalRunner:
                     except TimeoutError:
                         continue
                     if message.subject == self.channels.weights_subject:
-                        await self._roll_weights(inference, decode_message(message.data, rl_pb2.WeightUpdate))
+                        update = decode_message(message.data, rl_pb2.WeightUpdate)
+                        await self._eval_finished()  # the policy being measured serves until it is measured
+                        await self._roll_weights(inference, update)
+                        self._after_roll(update)
                     elif message.subject == self.channels.curriculum_subject:
                         self._reflect_curriculum(decode_message(message.data, rl_pb2.CurriculumState))
         finally:
@@ -347,6 +405,87 @@ class LocalRunner:
         status.served_policy_version = served
         self.status.condition("InferenceReady", True, "ServingPolicy", f"version {served}")
         self.status.save()
+
+    # -- evaluations -----------------------------------------------------------------------------------
+
+    def _elapsed(self) -> float:
+        return round(time.perf_counter() - self._clock, 1)
+
+    async def _eval_finished(self) -> None:
+        """Wait for the start / sft eval in progress (it is not cancelled when the waiter is)."""
+        if self._pending_eval is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._pending_eval)
+
+    def _after_roll(self, update: rl_pb2.WeightUpdate) -> None:
+        """After the SFT warm-up's policy is served (step 0, version >= 1): measure it before RL changes it."""
+        warmed_up = self.spec.trainer.sft_warmup_steps > 0 and update.step == 0 and update.version >= 1
+        if warmed_up and "sft_done" not in self.timings:
+            self.timings["sft_done"] = self._elapsed()
+        if warmed_up and "sft" not in self.evals and self.eval_settings.enabled and self._chat is not None:
+            # The next policy version is rolled only once this eval is done (the controller waits for it), so
+            # it measures this one; the first RL step's episodes play on the same policy meanwhile.
+            self._pending_eval = asyncio.create_task(self._evaluate("sft", int(update.version)), name="eval-sft")
+
+    async def _evaluate(self, phase: str, version: int) -> None:
+        """One eval phase on the policy served now; a failure is logged and recorded, never fatal to the run."""
+        started = self._elapsed()
+        try:
+            result = await evaluate_served_policy(
+                self.spec, phase, version, self.inference_url, self.urls, self._chat, self.eval_settings
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.warning("eval %s failed: %s", phase, error, exc_info=True)
+            self.supervisor.event("eval_failed", "runner", phase=phase, error=str(error)[:500])
+            return
+        self.evals[phase] = result
+        self.timings[f"eval_{phase}"] = round(self._elapsed() - started, 1)
+        write_phase(self.run_dir, result)
+        self.supervisor.event("evaluated", "runner", phase=phase, success=result.success, episodes=result.episodes)
+        log.info("eval %s: %s", phase, result.describe())
+        self.status.status.metrics.update(result.metrics())
+        for name, points in gains(self.evals).items():
+            self.status.status.metrics[f"eval/gain/{name}"] = points
+        self.status.save()
+
+    async def _final_evaluation(self) -> None:
+        """Serve the trainer's last policy version, then measure it."""
+        if not self.eval_settings.enabled or self._chat is None or self.nats is None:
+            return
+        await self._eval_finished()  # a short run: the start or sft eval may still be playing
+        nc = await nats.connect(self.nats.url, name="local-final-eval")
+        try:
+            last = await nc.jetstream().get_last_msg(self.channels.control_stream, self.channels.weights_subject)
+            update = decode_message(last.data or b"", rl_pb2.WeightUpdate)
+        except Exception as error:
+            log.warning("no final WeightUpdate to evaluate: %s", error)
+            return
+        finally:
+            await nc.close()
+        async with CompletionClient(self.inference_url) as inference:
+            await self._roll_weights(inference, update)
+        await self._evaluate("end", int(update.version))
+
+    def summary_lines(self) -> list[str]:
+        """What the run learned, for the end of `agentgym run` (empty without evaluations)."""
+        return summary_lines(self.evals, self.spec.algorithm.name, self.spec.trainer.total_steps)
+
+    def _write_summary(self) -> None:
+        if not self.evals:
+            return
+        timings = dict(self.timings)
+        timings["total"] = self._elapsed()
+        document = {
+            "phases": {phase: result.__dict__ for phase, result in self.evals.items()},
+            "gain_points": gains(self.evals),
+            "seconds": timings,
+            "summary": self.summary_lines(),
+        }
+        path = self.run_dir / "eval" / "summary.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(document, indent=2, default=str))
 
     def _reflect_curriculum(self, state: rl_pb2.CurriculumState) -> None:
         status = self.status.status

@@ -1,0 +1,213 @@
+"""The run's own evaluations: held-out success before training, after the SFT warm-up, and at the end.
+
+`agentgym run` measures what a run learned on each environment's ``evalSplit`` with the services the run
+already has (the inference server, the environment services), the same rollout loop, and a fixed set of
+episodes: the first ``tasks`` tasks of the split, ``samples`` seeded samples each, at the horizon of the
+final curriculum stage, with the run's sampling temperature and token budget. Three phases:
+
+``start``  the initial policy, before any training;
+``sft``    after the SFT warm-up (runs with ``trainer.sftWarmupSteps`` > 0), before the first RL step;
+``end``    the final policy.
+
+Each phase lands in ``<run>/eval/<phase>.json`` and in ``status.metrics`` as ``eval/<phase>/success``,
+``eval/<phase>/success_se`` (standard error over tasks), ``eval/<phase>/episodes``, ``eval/<phase>/horizon``,
+``eval/<phase>/seconds``. ``<run>/eval/summary.json`` holds the gains, what the SFT warm-up and RL each
+contributed, and the wall time of each phase of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentgym.rollout.tokens import ChatTokenizer
+from agentgym.spec import TrainingRunSpec
+
+PHASES = ("start", "sft", "end")
+PHASE_LABELS = {"start": "before training", "sft": "after the SFT warm-up", "end": "at the end"}
+
+
+@dataclass(frozen=True)
+class RunEvalSettings:
+    """How much the run evaluates: ``tasks`` tasks of each eval split, ``samples`` episodes each."""
+
+    tasks: int = 100
+    samples: int = 1
+    enabled: bool = True
+    horizon: int | None = None
+    """Max turns of an eval episode; default: the final curriculum stage's horizon."""
+
+    def __post_init__(self) -> None:
+        if self.tasks < 1 or self.samples < 1:
+            raise ValueError("eval tasks and samples must be >= 1")
+        if self.horizon is not None and self.horizon < 1:
+            raise ValueError("eval horizon must be >= 1")
+
+
+@dataclass
+class PhaseResult:
+    """One evaluation of the served policy: success over all environments and per environment."""
+
+    phase: str
+    policy_version: int
+    horizon: int
+    success: float
+    success_se: float
+    episodes: int
+    tasks: int
+    seconds: float
+    environments: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float]:
+        """The ``status.metrics`` entries of this phase."""
+        prefix = f"eval/{self.phase}"
+        return {
+            f"{prefix}/success": round(self.success, 4),
+            f"{prefix}/success_se": round(self.success_se, 4),
+            f"{prefix}/episodes": float(self.episodes),
+            f"{prefix}/horizon": float(self.horizon),
+            f"{prefix}/seconds": round(self.seconds, 1),
+            f"{prefix}/policy_version": float(self.policy_version),
+        }
+
+    def describe(self) -> str:
+        """``success 0.41 ± 0.05 (128 episodes, babyai test-easy, horizon 5, policy v1, 21 s)``."""
+        where = ", ".join(f"{name} {env['split']}" for name, env in self.environments.items())
+        return (
+            f"success {self.success:.2f} ± {self.success_se:.2f} ({self.episodes} episodes, {where}, "
+            f"horizon {self.horizon}, policy v{self.policy_version}, {self.seconds:.0f} s)"
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PhaseResult:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def eval_horizon(spec: TrainingRunSpec) -> int:
+    """The horizon of the final curriculum stage (fixed: its horizon; adaptive: its maximum)."""
+    curriculum = spec.curriculum
+    first = spec.environments[0].name
+    if curriculum.kind == "fixed":
+        return int(curriculum.max_turns or curriculum.horizon_stages(first)[-1])
+    if curriculum.kind == "adaptive":
+        adaptive = curriculum.adaptive
+        return int(adaptive.maximum) if adaptive is not None else int(curriculum.horizon_stages(first)[-1])
+    return int(curriculum.horizon_stages(first)[-1])
+
+
+def combine(phase: str, version: int, horizon: int, seconds: float, per_env: dict[str, dict[str, Any]]) -> PhaseResult:
+    """One result from per-environment summaries (success weighted by episodes; errors combined in quadrature)."""
+    episodes = sum(int(env["episodes"]) for env in per_env.values())
+    tasks = sum(int(env["tasks"]) for env in per_env.values())
+    success = sum(float(env["success"]) * int(env["episodes"]) for env in per_env.values()) / max(episodes, 1)
+    weights = {name: int(env["episodes"]) / max(episodes, 1) for name, env in per_env.items()}
+    variance = sum((float(env["success_se"]) * weights[name]) ** 2 for name, env in per_env.items())
+    return PhaseResult(phase, version, horizon, success, variance**0.5, episodes, tasks, seconds, per_env)
+
+
+async def evaluate_served_policy(
+    spec: TrainingRunSpec,
+    phase: str,
+    policy_version: int,
+    inference_url: str,
+    env_urls: dict[str, str],
+    chat: ChatTokenizer,
+    settings: RunEvalSettings,
+) -> PhaseResult:
+    """Play the eval episodes of every environment against the policy inference serves now."""
+    from agentgym.local.evaluate import EvalSettings, play_split
+
+    horizon = settings.horizon or eval_horizon(spec)
+    rollout_slots = spec.rollout.concurrency * spec.rollout.workers
+    started = time.perf_counter()
+    per_env: dict[str, dict[str, Any]] = {}
+    for env in spec.environments:
+        # Leave the rollout workers their episodes: the service caps live episodes at maxEpisodes.
+        concurrency = max(1, min(spec.inference.max_batch_size, env.max_episodes - rollout_slots))
+        eval_settings = EvalSettings(
+            environment=env.name,
+            split=env.eval_split,
+            tasks=settings.tasks,
+            samples=settings.samples,
+            max_turns=[horizon],
+            temperature=spec.rollout.temperature,
+            max_tokens_per_turn=spec.rollout.max_tokens_per_turn,
+            max_context_tokens=spec.model.max_context_tokens,
+            concurrency=concurrency,
+            seed=spec.trainer.seed,
+            spread=True,
+        )
+        results = await play_split(eval_settings, inference_url, env_urls[env.name], chat)
+        summary = dict(results["by_max_turns"][str(horizon)])
+        summary["split"] = env.eval_split
+        per_env[env.name] = summary
+    return combine(phase, policy_version, horizon, time.perf_counter() - started, per_env)
+
+
+def write_phase(run_dir: Path, result: PhaseResult) -> Path:
+    path = run_dir / "eval" / f"{result.phase}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(result), indent=2))
+    return path
+
+
+def load_phases(run_dir: Path) -> dict[str, PhaseResult]:
+    """The phases already evaluated in ``run_dir`` (a resumed run keeps them)."""
+    out: dict[str, PhaseResult] = {}
+    for phase in PHASES:
+        path = run_dir / "eval" / f"{phase}.json"
+        if path.is_file():
+            try:
+                out[phase] = PhaseResult.from_dict(json.loads(path.read_text()))
+            except (ValueError, TypeError, KeyError):
+                continue
+    return out
+
+
+def _points(before: PhaseResult, after: PhaseResult) -> float:
+    return round(100.0 * (after.success - before.success), 1)
+
+
+def gains(phases: dict[str, PhaseResult]) -> dict[str, float]:
+    """Success gains in points: ``total`` (start -> end), ``sft`` (start -> sft), ``rl`` (sft -> end)."""
+    out: dict[str, float] = {}
+    start, sft, end = phases.get("start"), phases.get("sft"), phases.get("end")
+    if start and end:
+        out["total"] = _points(start, end)
+    if start and sft:
+        out["sft"] = _points(start, sft)
+    if sft and end:
+        out["rl"] = _points(sft, end)
+    return out
+
+
+def summary_lines(phases: dict[str, PhaseResult], algorithm: str = "RL", rl_steps: int | None = None) -> list[str]:
+    """The run summary: start -> end success, and what the SFT warm-up and RL each contributed."""
+    start, sft, end = phases.get("start"), phases.get("sft"), phases.get("end")
+    if not phases:
+        return []
+    lines = []
+    reference = end or sft or start
+    assert reference is not None
+    where = ", ".join(f"{name} {env['split']}" for name, env in reference.environments.items())
+    header = f"held-out success ({where}, {reference.episodes} episodes, horizon {reference.horizon})"
+    if start and end:
+        lines.append(
+            f"{header}: {start.success:.2f} -> {end.success:.2f} ({_points(start, end):+.0f} pts; "
+            f"± {start.success_se:.2f} / ± {end.success_se:.2f})"
+        )
+    else:
+        lines.append(header + ": " + ", ".join(f"{p} {r.success:.2f}" for p, r in phases.items()))
+    parts = []
+    if start and sft:
+        parts.append(f"SFT warm-up {start.success:.2f} -> {sft.success:.2f} ({_points(start, sft):+.0f} pts)")
+    if sft and end:
+        steps = f", {rl_steps} step{'s' if rl_steps != 1 else ''}" if rl_steps is not None else ""
+        gain = _points(sft, end)
+        parts.append(f"{algorithm.upper()} {sft.success:.2f} -> {end.success:.2f} ({gain:+.0f} pts{steps})")
+    if parts:
+        lines.append("  " + "; ".join(parts))
+    return lines
