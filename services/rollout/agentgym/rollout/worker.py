@@ -122,7 +122,12 @@ class RolloutWorker:
                     task.add_done_callback(self._inflight.discard)
             await self._drain()
         finally:
-            await nc.drain()
+            # nats-py's drain waits up to 30 s by default; the supervisor's stop timeout is 30 s too.
+            try:
+                await asyncio.wait_for(nc.drain(), timeout=self.config.shutdown_grace_s / 2)
+            except TimeoutError:
+                log.warning("NATS drain timed out; closing the connection")
+                await nc.close()
 
     async def _drain(self) -> None:
         if not self._inflight:
