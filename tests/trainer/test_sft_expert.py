@@ -219,3 +219,19 @@ def test_warm_up_demonstrations_are_replayed_with_the_environment_settings(chat:
     assert "Available actions: turn left" in chat.tokenizer.decode(listed[0].prompt_ids)
     assert "Available actions: turn left" not in chat.tokenizer.decode(bare[0].prompt_ids)
     assert sum(len(e.prompt_ids) for e in bare) < sum(len(e.prompt_ids) for e in listed)
+
+
+def test_a_stop_during_the_warm_up_leaves_it_unfinished(
+    config_factory: Callable[..., Any], examples: list[SFTExample]
+) -> None:
+    trainer = RLTrainer(config_factory(sft_learning_rate=1e-2, micro_batch_tokens=512))
+    asked: list[int] = []
+
+    def stop_after_two() -> bool:
+        asked.append(1)
+        return len(asked) > 2
+
+    history = trainer.sft(examples, steps=10, batch_size=3, should_stop=stop_after_two)
+    assert len(history) == 2  # two steps ran, the third was not started
+    assert not trainer.sft_done and trainer.policy_version == 0  # a resume redoes the warm-up
+    assert trainer.engine.optimizer_state()["state"] != {}  # not reset: the warm-up did not finish

@@ -142,7 +142,9 @@ async def run_training(
                     examples = await asyncio.to_thread(build_warmup_examples, config, trainer.tokenizer)
                 # Compute runs on a worker thread: the event loop must keep answering NATS pings and
                 # sending the collector's in-progress heartbeats, or the server drops the connection.
-                await asyncio.to_thread(trainer.sft, examples, config.sft_warmup_steps)
+                await asyncio.to_thread(trainer.sft, examples, config.sft_warmup_steps, should_stop=stop.is_set)
+                if not trainer.sft_done:  # stopped mid-warm-up: nothing is saved, a resume starts it again
+                    return trainer
                 await asyncio.to_thread(trainer.save_checkpoint)
         policy_dir = trainer.current_policy_dir
         if policy_dir is None:

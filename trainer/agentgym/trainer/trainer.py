@@ -39,7 +39,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -692,6 +692,7 @@ class RLTrainer:
         *,
         mark_done: bool = True,
         reset_optimizer: bool | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> list[dict[str, float]]:
         """``steps`` SFT optimiser steps over ``examples`` (reshuffled each pass, seeded); bumps the policy version.
 
@@ -700,6 +701,9 @@ class RLTrainer:
         SFT's second-moment estimates (cross-entropy gradients, far larger than policy-gradient ones,
         decaying over ~1 / (1 - beta2) = 1000 steps) would shrink every RL update for hundreds of steps,
         and its first moments would push RL's first steps along the SFT's direction.
+
+        ``should_stop`` is asked before every step (a run being stopped); once it answers True the
+        warm-up ends there unfinished: not marked done, no new policy version, so a resume redoes it.
         """
         if steps < 0:
             raise ValueError("steps must be >= 0")
@@ -708,8 +712,11 @@ class RLTrainer:
         size = batch_size or self.config.sft_batch_size
         generator = torch.Generator().manual_seed(_seed_for(self.config.seed, "sft", self.policy_version))
         order: list[int] = []
-        history = []
+        history: list[dict[str, float]] = []
         for k in range(steps):
+            if should_stop is not None and should_stop():
+                log.info("SFT stopped after %d of %d steps", k, steps)
+                return history
             if len(order) < size:
                 order += torch.randperm(len(examples), generator=generator).tolist()
             chosen, order = order[:size], order[size:]
