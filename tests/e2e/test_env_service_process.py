@@ -123,3 +123,12 @@ def test_cli_rejects_bad_input_clearly() -> None:
         timeout=60,
     )
     assert bad_task.returncode == 2 and "craft/nothing" in bad_task.stderr
+    for setting, reason in [("list_actions=maybe", "list_actions must be true or false"), ("bogus=1", "'bogus'")]:
+        rejected = subprocess.run(
+            [*AGENTGYM, "env", "serve", "babyai", "--port", str(free_port()), "--set", setting],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert rejected.returncode == 2, rejected.stderr[-2000:]
+        assert "--set: babyai: bad settings" in rejected.stderr and reason in " ".join(rejected.stderr.split())

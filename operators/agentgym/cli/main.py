@@ -261,7 +261,7 @@ def env_serve(
     """Serve one environment kind over HTTP (docs at /docs) and gRPC."""
     from agentgym.envs import ENVIRONMENT_CLASSES
     from agentgym.envs.server.manager import ManagerConfig
-    from agentgym.envs.server.runner import run
+    from agentgym.envs.server.runner import EnvironmentSettingsError, run
 
     if name not in ENVIRONMENT_CLASSES:
         raise _fail(f"unknown environment {name!r}; known: {', '.join(sorted(ENVIRONMENT_CLASSES))}")
@@ -271,15 +271,18 @@ def env_serve(
         f"serving [bold]{name}[/] on http://{host}:{port} (docs: /docs)"
         + (f", gRPC {host}:{grpc_port}" if grpc_port else "")
     )
-    run(
-        name,
-        host=host,
-        port=port,
-        grpc_port=grpc_port or None,
-        config=config,
-        env_config=_parse_settings(settings or []),
-        log_level=log_level.lower(),
-    )
+    try:
+        run(
+            name,
+            host=host,
+            port=port,
+            grpc_port=grpc_port or None,
+            config=config,
+            env_config=_parse_settings(settings or []),
+            log_level=log_level.lower(),
+        )
+    except EnvironmentSettingsError as error:
+        raise _fail(f"--set: {error}") from None
 
 
 @env_app.command("tasks")

@@ -28,6 +28,10 @@ class _Server(uvicorn.Server):
         yield
 
 
+class EnvironmentSettingsError(ValueError):
+    """The environment rejected the service's settings (``env serve --set`` / a spec's ``config``)."""
+
+
 def build_manager(
     environment: str, config: ManagerConfig | None = None, env_config: dict[str, Any] | None = None
 ) -> EpisodeManager:
@@ -36,7 +40,10 @@ def build_manager(
     settings = dict(env_config or {})
     # Settings can extend the catalog (e.g. Deep Search's user datasets): build one instance with them
     # first, which also surfaces bad settings before the service starts.
-    probe = cls(**settings)
+    try:
+        probe = cls(**settings)
+    except (TypeError, ValueError) as error:  # an unknown key or a bad value
+        raise EnvironmentSettingsError(f"{environment}: bad settings {settings}: {error}") from error
     try:
         catalog = probe.catalog()
     finally:
