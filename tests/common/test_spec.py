@@ -55,6 +55,14 @@ def test_minimal_spec_gets_sensible_defaults() -> None:
     [
         ({"algorithm": {"groupSize": 0}}, "spec.algorithm.groupSize: Input should be greater than or equal to 1"),
         ({"algorithm": {"name": "rloo", "groupSize": 1}}, "spec.algorithm: groupSize must be >= 2 for rloo"),
+        (
+            {"algorithm": {"name": "ppo", "turnValidityCoef": 0.5}},
+            "spec.algorithm: turnValidityCoef is for grpo and rloo",
+        ),
+        (
+            {"algorithm": {"turnValidityCoef": -1}},
+            "spec.algorithm.turnValidityCoef: Input should be greater than or equal to 0",
+        ),
         ({"algorithm": {"name": "a2c"}}, "spec.algorithm.name: Input should be 'grpo', 'ppo', 'rloo'"),
         ({"algorithm": {"learningRate": 0}}, "spec.algorithm.learningRate: Input should be greater than 0"),
         ({"environments": []}, "spec.environments: List should have at least 1 item"),

@@ -31,6 +31,7 @@ from agentgym.trainer.advantages import (
     reinforce_plus_plus_advantages,
     rloo_advantages,
     sampled_spans,
+    turn_validity_advantages,
 )
 
 MASK = torch.tensor(
@@ -338,3 +339,69 @@ def test_gae_gamma_lam_one_is_reward_to_go_minus_value() -> None:
 def test_gae_rejects_mismatched_values() -> None:
     with pytest.raises(ValueError, match="values"):
         gae_advantages(GAE_REWARDS, torch.zeros(2, 7), GAE_MASK, gamma=1.0, lam=1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# turn-level validity credit
+# ---------------------------------------------------------------------------------------------
+
+# The turns of MASK as [start, end) spans of their action tokens.
+TURN_SPANS = [[(0, 2), (4, 6)], [(0, 1), (3, 5)], [(0, 3), (4, 5), (6, 7)]]
+
+
+def test_turn_validity_advantages_by_hand() -> None:
+    # Rows 0 and 1 are one group, row 2 another. Invalid turns: row 0's first; row 2's last two.
+    # group a, turn values [-1, 0 | 0, 0]: mean -1/4; deviations -3/4, 1/4, 1/4, 1/4;
+    #   squares 9/16 + 3/16 = 3/4; unbiased var (3/4) / 3 = 1/4 -> std 1/2
+    #   A = (-3/4) / (1/2 + eps) = -1.5 on row 0's first turn; (1/4) / (1/2 + eps) = 0.5 on the others
+    # group b (one trajectory, three turns) [0, -1, -1]: mean -2/3; deviations 2/3, -1/3, -1/3;
+    #   unbiased var (4/9 + 1/9 + 1/9) / 2 = 1/3 -> std 0.57735; A = 1.1547, -0.57735, -0.57735
+    eps = 1e-6
+    sa, sb = 0.5 + eps, 1.0 / math.sqrt(3.0) + eps
+    bad_a, ok_a = -0.75 / sa, 0.25 / sa
+    ok_b, bad_b = (2 / 3) / sb, (-1 / 3) / sb
+    invalid = [[True, False], [False, False], [False, True, True]]
+    adv = turn_validity_advantages(TURN_SPANS, invalid, ["a", "a", "b"], MASK)
+    close(
+        adv,
+        [
+            [bad_a, bad_a, 0.0, 0.0, ok_a, ok_a, 0.0, 0.0],
+            [ok_a, 0.0, 0.0, ok_a, ok_a, 0.0, 0.0, 0.0],
+            [ok_b, ok_b, ok_b, 0.0, bad_b, 0.0, bad_b, 0.0],
+        ],
+        atol=1e-5,
+    )
+    # Without the std (Dr. GRPO style): v - mean, so -3/4 and 1/4 in group a; 2/3 and -1/3 in group b.
+    centred = turn_validity_advantages(TURN_SPANS, invalid, ["a", "a", "b"], MASK, normalize_by_std=False)
+    close(
+        centred,
+        [
+            [-0.75, -0.75, 0.0, 0.0, 0.25, 0.25, 0.0, 0.0],
+            [0.25, 0.0, 0.0, 0.25, 0.25, 0.0, 0.0, 0.0],
+            [2 / 3, 2 / 3, 2 / 3, 0.0, -1 / 3, 0.0, -1 / 3, 0.0],
+        ],
+    )
+    # One value per turn, and they sum to zero within a group: credit moves between turns.
+    assert abs(float(adv[0, 0] + adv[0, 4] + adv[1, 0] + adv[1, 3])) < 1e-5
+    assert abs(float(adv[2, 0] + adv[2, 4] + adv[2, 6])) < 1e-5
+
+
+def test_turn_validity_advantages_zero_when_nothing_to_compare() -> None:
+    all_valid = [[False, False], [False, False], [False, False, False]]
+    close(turn_validity_advantages(TURN_SPANS, all_valid, [0, 0, 0], MASK), torch.zeros(3, 8).tolist())
+    all_invalid = [[True, True], [True, True], [True, True, True]]
+    close(turn_validity_advantages(TURN_SPANS, all_invalid, [0, 1, 2], MASK), torch.zeros(3, 8).tolist())
+    # One turn alone in its group has no other turn to be compared with.
+    single = turn_validity_advantages([[(0, 2)]], [[True]], ["g"], torch.ones(1, 2))
+    close(single, [[0.0, 0.0]])
+
+
+def test_turn_validity_advantages_stay_on_sampled_tokens_and_check_input() -> None:
+    # A span that covers an observation token (row 1's turn 0 as [0, 3)) is still masked there.
+    spans = [[(0, 2), (4, 6)], [(0, 3), (3, 5)], [(0, 3), (4, 5), (6, 7)]]
+    adv = turn_validity_advantages(spans, [[True, False], [False, False], [False, False, False]], [0, 0, 0], MASK)
+    assert float((adv * (1 - MASK)).abs().sum()) == 0.0
+    with pytest.raises(ValueError, match="turn spans"):
+        turn_validity_advantages(TURN_SPANS[:2], [[True, False], [False, False]], [0, 0], MASK)
+    with pytest.raises(ValueError, match="validity flags"):
+        turn_validity_advantages(TURN_SPANS, [[True], [False, False], [False, False, False]], [0, 0, 0], MASK)

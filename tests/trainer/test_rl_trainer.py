@@ -191,3 +191,24 @@ def test_bf16_autocast_step_runs(
     metrics = trainer.train_step(make_batch(7, 0, groups=1, group_size=4))
     assert all(v == v for v in metrics.train.values())  # no NaN
     assert metrics.train["grad_norm"] > 0
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "rloo"])
+def test_turn_validity_credit_is_added_to_the_outcome_advantage(
+    algorithm: str, config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]]
+) -> None:
+    """Two successful episodes of one task (outcome advantage 0); the first wasted its first turn."""
+    trainer = RLTrainer(config_factory(algorithm=algorithm, group_size=2, turn_validity_coef=0.5))
+    first, second = make_batch(5, 0, groups=1, group_size=2, turns=2, success=True)
+    first.turns[0].invalid_action = True
+    batch = trainer._batch([first, second])
+    advantages, _, _ = trainer._advantages(batch, batch.sampled_logprobs, None)
+    # Turn values [-1, 0 | 0, 0]: mean -1/4, unbiased std 1/2 -> -1.5 and 0.5 (see test_advantages); x 0.5.
+    expected = torch.zeros_like(advantages)
+    for row, trajectory in enumerate([first, second]):
+        for k, turn in enumerate(trajectory.turns):
+            expected[row, turn.action_start : turn.action_end] = -0.75 if (row, k) == (0, 0) else 0.25
+    torch.testing.assert_close(advantages, expected, atol=1e-5, rtol=0)
+    # Without the coefficient the two equal outcomes give nothing to learn from.
+    plain = RLTrainer(config_factory(algorithm=algorithm, group_size=2, output_dir=trainer.config.output_dir / "b"))
+    assert float(plain._advantages(batch, batch.sampled_logprobs, None)[0].abs().sum()) == 0.0

@@ -25,7 +25,13 @@ def test_from_spec_maps_every_field_group() -> None:
             "spec": {
                 "model": {"name": "builtin:tiny", "maxContextTokens": 2048},
                 "environments": [{"name": "babyai", "split": "train-easy", "config": {"list_actions": False}}],
-                "algorithm": {"name": "grpo", "groupSize": 8, "learningRate": 1e-4, "invalidActionPenalty": 0.1},
+                "algorithm": {
+                    "name": "grpo",
+                    "groupSize": 8,
+                    "learningRate": 1e-4,
+                    "invalidActionPenalty": 0.1,
+                    "turnValidityCoef": 0.5,
+                },
                 "curriculum": {"kind": "scaling_inter", "horizons": [4, 8, 12], "stageSteps": 10},
                 "trainer": {
                     "totalSteps": 30,
@@ -46,6 +52,7 @@ def test_from_spec_maps_every_field_group() -> None:
     assert (config.total_steps, config.checkpoint_every, config.sft_warmup_steps) == (30, 5, 40)
     assert (config.sft_learning_rate, config.sft_tasks, config.sft_batch_size) == (1e-3, 96, 4)
     assert config.reward_config().invalid_action_penalty == 0.1
+    assert config.turn_validity_coef == 0.5
     assert config.to_dict()["environments"][0]["config"] == {"list_actions": False}
     assert config.max_context_tokens == 2048
     schedule = config.build_schedule()
@@ -78,6 +85,11 @@ def test_validation() -> None:
     with pytest.raises(ValueError, match="kl_as"):
         RLTrainerConfig(algorithm="grpo", kl_as="reward")
     RLTrainerConfig(algorithm="ppo", kl_as="reward", group_size=1)
+    with pytest.raises(ValueError, match="turn_validity_coef must be >= 0"):
+        RLTrainerConfig(algorithm="grpo", turn_validity_coef=-0.5)
+    with pytest.raises(ValueError, match="turn_validity_coef is for the group estimators"):
+        RLTrainerConfig(algorithm="ppo", group_size=1, turn_validity_coef=0.5)
+    RLTrainerConfig(algorithm="rloo", turn_validity_coef=0.5)
     with pytest.raises(ValueError, match="outcome"):
         RLTrainerConfig(outcome_reward="bogus")  # type: ignore[arg-type]
 

@@ -7,7 +7,7 @@ import torch
 
 from agentgym.proto import rl_pb2
 from agentgym.trainer.metrics import flatten_metrics, rollout_metrics
-from agentgym.trainer.rewards import RewardConfig, outcome_reward, token_rewards, trajectory_scores
+from agentgym.trainer.rewards import RewardConfig, outcome_reward, token_rewards, trajectory_scores, turn_validity
 
 
 def traj(env: str, score: float, success: bool, **kw: object) -> rl_pb2.Trajectory:
@@ -135,3 +135,13 @@ def test_invalid_action_penalty_per_malformed_turn() -> None:
     assert trajectory_scores([t], both_terms).tolist() == [pytest.approx(0.8 + 32.0 - 0.1)]
     with pytest.raises(ValueError, match="invalid_action_penalty"):
         RewardConfig(invalid_action_penalty=-1.0)
+
+
+def test_turn_validity_spans_and_flags() -> None:
+    t = _two_turns("babyai")
+    t.turns[0].invalid_action = True
+    assert turn_validity(t) == ([(0, 2), (5, 8)], [True, False])
+    # A turn without sampled tokens (the engine returned none) or past the response has nothing to credit.
+    t.turns.append(rl_pb2.Turn(action_start=8, action_end=8, observation_end=8, invalid_action=True))
+    t.turns.append(rl_pb2.Turn(action_start=8, action_end=12, observation_end=12))
+    assert turn_validity(t) == ([(0, 2), (5, 8)], [True, False])

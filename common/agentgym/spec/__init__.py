@@ -125,6 +125,9 @@ class AlgorithmSpec(SpecModel):
     max_grad_norm: float = Field(default=1.0, gt=0)
     invalid_action_penalty: float = Field(default=0.0, ge=0)
     """Reward subtracted for every malformed or rejected action (per turn; 0: outcome reward only)."""
+    turn_validity_coef: float = Field(default=0.0, ge=0)
+    """GRPO/RLOO: weight of a turn-level advantage from action validity (each turn's valid/invalid
+    action compared with the other turns of its group), added to the outcome advantage; 0: off."""
     critic_learning_rate: float = Field(default=1e-5, gt=0)
     """PPO only: value model learning rate."""
     value_clip: float = Field(default=0.5, gt=0)
@@ -134,6 +137,10 @@ class AlgorithmSpec(SpecModel):
     def _groups_need_samples(self) -> AlgorithmSpec:
         if self.name in ("grpo", "rloo") and self.group_size < 2:
             raise ValueError(f"groupSize must be >= 2 for {self.name} (it compares samples of one task)")
+        if self.turn_validity_coef and self.name not in ("grpo", "rloo"):
+            raise ValueError(
+                f"turnValidityCoef is for grpo and rloo; {self.name} credits invalid turns through invalidActionPenalty"
+            )
         return self
 
 

@@ -71,6 +71,7 @@ __all__ = [
     "reinforce_plus_plus_advantages",
     "rloo_advantages",
     "sampled_spans",
+    "turn_validity_advantages",
 ]
 
 GroupIds = Tensor | Sequence[Hashable]
@@ -366,6 +367,59 @@ def rloo_advantages(scores: Tensor, group_ids: GroupIds, response_mask: Tensor) 
     baseline = (sums - r) / torch.where(multi, counts - 1, torch.ones_like(counts))
     adv = torch.where(multi, r - baseline, torch.zeros_like(r))
     return adv.unsqueeze(1) * response_mask.to(adv.dtype)
+
+
+def turn_validity_advantages(
+    turn_spans: Sequence[Sequence[tuple[int, int]]],
+    turn_invalid: Sequence[Sequence[bool]],
+    group_ids: GroupIds,
+    response_mask: Tensor,
+    normalize_by_std: bool = True,
+    eps: float = 1e-6,
+) -> Tensor:
+    """Turn-level credit from action validity, normalised within each group's turns.
+
+    Outcome advantages give every turn of a trajectory the same credit, so a malformed turn in a
+    successful episode is pushed up and the well-formed turns of a failed one are pushed down. The
+    environment already says which turns were invalid (the action did not parse, or was rejected):
+    that is a reward for the turn itself. Like GRPO's process supervision (Shao et al. 2024, 4.1.3)
+    the turn rewards of a group are z-normalised over all of the group's turns, but each turn keeps
+    its own value (validity is a property of the turn's text, not of what follows)::
+
+        v_{i,k} = -1 if turn k of trajectory i was invalid, else 0
+        A_{i,k} = (v_{i,k} - mean_g(v)) / (std_g(v) + eps)    over every turn of group g (unbiased std)
+        A_{i,k} =  v_{i,k} - mean_g(v)                        (normalize_by_std=False, as Dr. GRPO)
+        A_{i,k} = 0   when group g has fewer than 2 turns, or all of them are equally valid
+
+    ``turn_spans[i]`` are the ``[start, end)`` response positions of trajectory ``i``'s turns
+    (their sampled action tokens), ``turn_invalid[i]`` the matching flags. Returns ``[B, T]``:
+    ``A_{i,k}`` on the sampled tokens of turn ``k``, 0 elsewhere.
+    """
+    _check_mask(response_mask)
+    batch = response_mask.shape[0]
+    if len(turn_spans) != batch or len(turn_invalid) != batch:
+        raise ValueError(f"turn spans/flags for {len(turn_spans)}/{len(turn_invalid)} rows, batch has {batch}")
+    dtype = _float_dtype(response_mask)
+    out = torch.zeros(response_mask.shape, dtype=dtype, device=response_mask.device)
+    index, groups = _group_index(group_ids, batch, torch.device("cpu"))
+    members: list[list[tuple[int, int, int, float]]] = [[] for _ in range(groups)]
+    for row, (spans, invalid) in enumerate(zip(turn_spans, turn_invalid, strict=True)):
+        if len(spans) != len(invalid):
+            raise ValueError(f"row {row}: {len(spans)} turn spans but {len(invalid)} validity flags")
+        for (start, end), bad in zip(spans, invalid, strict=True):
+            members[int(index[row])].append((row, start, end, -1.0 if bad else 0.0))
+    for turns in members:
+        if len(turns) < 2:
+            continue
+        values = torch.tensor([t[3] for t in turns], dtype=torch.float64)
+        std = float(values.std())
+        if std == 0.0:
+            continue
+        centred = values - values.mean()
+        normalised = (centred / (std + eps) if normalize_by_std else centred).tolist()
+        for (row, start, end, _), value in zip(turns, normalised, strict=True):
+            out[row, start:end] = value
+    return out * response_mask.to(dtype)
 
 
 # --------------------------------------------------------------------------------------------

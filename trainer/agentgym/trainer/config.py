@@ -97,6 +97,9 @@ class RLTrainerConfig:
     """Weight of per-turn rewards (0: env step rewards already sum to the score; see rewards.py)."""
     invalid_action_penalty: float = 0.0
     """Subtracted (normalised units) for every malformed or rejected action (see ``rewards``)."""
+    turn_validity_coef: float = 0.0
+    """GRPO/RLOO: weight of the turn-level validity advantage added to the outcome advantage
+    (``advantages.turn_validity_advantages``); 0 disables."""
     score_scales: dict[str, float] = field(default_factory=dict)
     """Overrides of the per-environment score unit (default sciworld 100, others 1)."""
     train_on_failed: bool = False
@@ -159,6 +162,13 @@ class RLTrainerConfig:
             raise ValueError(f"group_size must be >= 2 for {self.algorithm}")
         if self.kl_as == "reward" and self.algorithm in ("grpo", "rloo"):
             raise ValueError("kl_as='reward' needs a token-level estimator (ppo, reinforce_plus_plus)")
+        if self.turn_validity_coef < 0:
+            raise ValueError(f"turn_validity_coef must be >= 0, got {self.turn_validity_coef}")
+        if self.turn_validity_coef and self.algorithm not in ("grpo", "rloo"):
+            raise ValueError(
+                "turn_validity_coef is for the group estimators (grpo, rloo); token-level estimators "
+                "credit invalid turns through invalid_action_penalty"
+            )
         for name in ("group_size", "epochs", "mini_batch_size", "tasks_per_step", "total_steps", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
@@ -279,6 +289,7 @@ class RLTrainerConfig:
             "normalize_by_std": algo.normalize_by_std,
             "loss_aggregation": algo.loss_aggregation,
             "invalid_action_penalty": algo.invalid_action_penalty,
+            "turn_validity_coef": algo.turn_validity_coef,
             "max_grad_norm": algo.max_grad_norm,
             "critic_learning_rate": algo.critic_learning_rate,
             "value_clip": algo.value_clip,

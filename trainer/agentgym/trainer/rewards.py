@@ -58,6 +58,7 @@ __all__ = [
     "score_scale",
     "token_rewards",
     "trajectory_scores",
+    "turn_validity",
 ]
 
 
@@ -153,3 +154,20 @@ def token_rewards(trajectories: Sequence[rl_pb2.Trajectory], response_mask: Tens
     if not rows:
         return torch.zeros(0, length)
     return torch.cat(rows, dim=0)
+
+
+def turn_validity(trajectory: rl_pb2.Trajectory) -> tuple[list[tuple[int, int]], list[bool]]:
+    """(``[start, end)`` response spans of the sampled turns, whether each turn's action was invalid).
+
+    Turns without sampled tokens, or whose span does not fit the response, are left out: nothing
+    there to credit.
+    """
+    spans: list[tuple[int, int]] = []
+    invalid: list[bool] = []
+    length = len(trajectory.response_token_ids)
+    for turn in trajectory.turns:
+        start, end = int(turn.action_start), int(turn.action_end)
+        if 0 <= start < end <= length:
+            spans.append((start, end))
+            invalid.append(bool(turn.invalid_action))
+    return spans, invalid

@@ -66,7 +66,7 @@ from agentgym.trainer.critic import ValueModel
 from agentgym.trainer.losses import aggregate_loss, dpo_loss, kl_loss, kl_penalty, policy_loss, value_loss
 from agentgym.trainer.metrics import MetricsSink, flatten_metrics, rollout_metrics
 from agentgym.trainer.packing import PackedRow, SequenceOutputs, forward_packed, pack_sequences
-from agentgym.trainer.rewards import token_rewards, trajectory_scores
+from agentgym.trainer.rewards import token_rewards, trajectory_scores, turn_validity
 
 log = logging.getLogger(__name__)
 
@@ -497,8 +497,14 @@ class RLTrainer:
             scores = trajectory_scores(batch.trajectories, c.reward_config())
             group_ids = [t.group_id or f"{t.step}/{t.task_id}" for t in batch.trajectories]
             if c.algorithm == "grpo":
-                return adv.grpo_advantages(scores, group_ids, mask, c.normalize_by_std), None, None
-            return adv.rloo_advantages(scores, group_ids, mask), None, None
+                outcome = adv.grpo_advantages(scores, group_ids, mask, c.normalize_by_std)
+            else:
+                outcome = adv.rloo_advantages(scores, group_ids, mask)
+            if c.turn_validity_coef:
+                spans, invalid = zip(*(turn_validity(t) for t in batch.trajectories), strict=True)
+                validity = adv.turn_validity_advantages(spans, invalid, group_ids, mask, c.normalize_by_std)
+                outcome = outcome + c.turn_validity_coef * validity
+            return outcome, None, None
         rewards = token_rewards(batch.trajectories, mask, c.reward_config())
         if c.algorithm == "reinforce_plus_plus":
             coef = c.kl_coef if kl_reward is not None else 0.0
