@@ -60,6 +60,10 @@ def test_minimal_spec_gets_sensible_defaults() -> None:
             "spec.algorithm: turnValidityCoef is for grpo and rloo",
         ),
         (
+            {"algorithm": {"negativeAdvantageScale": 2}},
+            "spec.algorithm.negativeAdvantageScale: Input should be less than or equal to 1",
+        ),
+        (
             {"algorithm": {"turnValidityCoef": -1}},
             "spec.algorithm.turnValidityCoef: Input should be greater than or equal to 0",
         ),

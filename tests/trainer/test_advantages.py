@@ -31,6 +31,7 @@ from agentgym.trainer.advantages import (
     reinforce_plus_plus_advantages,
     rloo_advantages,
     sampled_spans,
+    scale_negative_advantages,
     turn_validity_advantages,
 )
 
@@ -405,3 +406,13 @@ def test_turn_validity_advantages_stay_on_sampled_tokens_and_check_input() -> No
         turn_validity_advantages(TURN_SPANS[:2], [[True, False], [False, False]], [0, 0], MASK)
     with pytest.raises(ValueError, match="validity flags"):
         turn_validity_advantages(TURN_SPANS, [[True], [False, False], [False, False, False]], [0, 0, 0], MASK)
+
+
+def test_scale_negative_advantages() -> None:
+    adv = torch.tensor([[1.5, -0.5, 0.0], [-2.0, 0.25, -0.0]])
+    close(scale_negative_advantages(adv, 0.25), [[1.5, -0.125, 0.0], [-0.5, 0.25, 0.0]])
+    close(scale_negative_advantages(adv, 0.0), [[1.5, 0.0, 0.0], [0.0, 0.25, 0.0]])
+    assert scale_negative_advantages(adv, 1.0) is adv  # the plain estimator, untouched
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="scale must be in"):
+            scale_negative_advantages(adv, bad)

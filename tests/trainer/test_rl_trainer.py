@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -212,3 +213,44 @@ def test_turn_validity_credit_is_added_to_the_outcome_advantage(
     # Without the coefficient the two equal outcomes give nothing to learn from.
     plain = RLTrainer(config_factory(algorithm=algorithm, group_size=2, output_dir=trainer.config.output_dir / "b"))
     assert float(plain._advantages(batch, batch.sampled_logprobs, None)[0].abs().sum()) == 0.0
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "reinforce_plus_plus"])
+def test_negative_advantages_are_scaled(
+    algorithm: str, config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]]
+) -> None:
+    batch_trajectories = make_batch(6, 0, groups=2, group_size=2, turns=2)
+    for k, t in enumerate(batch_trajectories):
+        t.success, t.final_score = k % 2 == 0, float(k % 2 == 0)
+    plain = RLTrainer(config_factory(algorithm=algorithm, group_size=2))
+    batch = plain._batch(batch_trajectories)
+    reference, _, _ = plain._advantages(batch, batch.sampled_logprobs, None)
+    assert float(reference.min()) < 0 < float(reference.max())
+    scaled_trainer = RLTrainer(
+        config_factory(
+            algorithm=algorithm, group_size=2, negative_advantage_scale=0.25, output_dir=plain.config.output_dir / "b"
+        )
+    )
+    scaled, _, _ = scaled_trainer._advantages(batch, batch.sampled_logprobs, None)
+    torch.testing.assert_close(scaled, torch.where(reference < 0, 0.25 * reference, reference))
+
+
+def test_negative_scale_applies_to_the_outcome_part_not_the_turn_validity_credit(
+    config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]]
+) -> None:
+    # One group: the first episode failed and wasted its first turn, the second succeeded cleanly.
+    trainer = RLTrainer(config_factory(group_size=2, turn_validity_coef=1.0, negative_advantage_scale=0.5))
+    first, second = make_batch(7, 0, groups=1, group_size=2, turns=2)
+    first.success, first.final_score, second.success, second.final_score = False, 0.0, True, 1.0
+    first.turns[0].invalid_action = True
+    batch = trainer._batch([first, second])
+    advantages, _, _ = trainer._advantages(batch, batch.sampled_logprobs, None)
+    # Outcome: scores [0, 1] -> -+0.70711 (unbiased std sqrt(1/2)); the negative one halved: -0.35355.
+    # Validity: [-1.5 on the invalid turn, 0.5 on the other three] (test_advantages), unscaled.
+    outcome = 0.5 / math.sqrt(0.5)
+    expected = torch.zeros_like(advantages)
+    for row, trajectory in enumerate([first, second]):
+        for k, turn in enumerate(trajectory.turns):
+            validity = -1.5 if (row, k) == (0, 0) else 0.5
+            expected[row, turn.action_start : turn.action_end] = (-0.5 * outcome if row == 0 else outcome) + validity
+    torch.testing.assert_close(advantages, expected, atol=1e-4, rtol=0)

@@ -31,6 +31,7 @@ def test_from_spec_maps_every_field_group() -> None:
                     "learningRate": 1e-4,
                     "invalidActionPenalty": 0.1,
                     "turnValidityCoef": 0.5,
+                    "negativeAdvantageScale": 0.25,
                 },
                 "curriculum": {"kind": "scaling_inter", "horizons": [4, 8, 12], "stageSteps": 10},
                 "trainer": {
@@ -52,7 +53,7 @@ def test_from_spec_maps_every_field_group() -> None:
     assert (config.total_steps, config.checkpoint_every, config.sft_warmup_steps) == (30, 5, 40)
     assert (config.sft_learning_rate, config.sft_tasks, config.sft_batch_size) == (1e-3, 96, 4)
     assert config.reward_config().invalid_action_penalty == 0.1
-    assert config.turn_validity_coef == 0.5
+    assert (config.turn_validity_coef, config.negative_advantage_scale) == (0.5, 0.25)
     assert config.to_dict()["environments"][0]["config"] == {"list_actions": False}
     assert config.max_context_tokens == 2048
     schedule = config.build_schedule()
@@ -90,6 +91,8 @@ def test_validation() -> None:
     with pytest.raises(ValueError, match="turn_validity_coef is for the group estimators"):
         RLTrainerConfig(algorithm="ppo", group_size=1, turn_validity_coef=0.5)
     RLTrainerConfig(algorithm="rloo", turn_validity_coef=0.5)
+    with pytest.raises(ValueError, match="negative_advantage_scale must be in"):
+        RLTrainerConfig(algorithm="grpo", negative_advantage_scale=1.5)
     with pytest.raises(ValueError, match="outcome"):
         RLTrainerConfig(outcome_reward="bogus")  # type: ignore[arg-type]
 

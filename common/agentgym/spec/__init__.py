@@ -125,6 +125,10 @@ class AlgorithmSpec(SpecModel):
     max_grad_norm: float = Field(default=1.0, gt=0)
     invalid_action_penalty: float = Field(default=0.0, ge=0)
     """Reward subtracted for every malformed or rejected action (per turn; 0: outcome reward only)."""
+    negative_advantage_scale: float = Field(default=1.0, ge=0, le=1)
+    """Negative advantages are multiplied by this (for GRPO/RLOO the outcome part, before the turn-validity
+    credit): below 1, failed samples are pushed down less than better ones are pulled up, which holds the
+    policy's entropy down; 1: the plain estimator."""
     turn_validity_coef: float = Field(default=0.0, ge=0)
     """GRPO/RLOO: weight of a turn-level advantage from action validity (each turn's valid/invalid
     action compared with the other turns of its group), added to the outcome advantage; 0: off."""

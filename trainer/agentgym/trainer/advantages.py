@@ -71,6 +71,7 @@ __all__ = [
     "reinforce_plus_plus_advantages",
     "rloo_advantages",
     "sampled_spans",
+    "scale_negative_advantages",
     "turn_validity_advantages",
 ]
 
@@ -367,6 +368,26 @@ def rloo_advantages(scores: Tensor, group_ids: GroupIds, response_mask: Tensor) 
     baseline = (sums - r) / torch.where(multi, counts - 1, torch.ones_like(counts))
     adv = torch.where(multi, r - baseline, torch.zeros_like(r))
     return adv.unsqueeze(1) * response_mask.to(adv.dtype)
+
+
+def scale_negative_advantages(advantages: Tensor, scale: float) -> Tensor:
+    """Negative advantages scaled by ``scale`` in [0, 1]; positive ones kept::
+
+        A'_t = A_t            if A_t >= 0
+        A'_t = scale * A_t    if A_t <  0
+
+    A policy-gradient update splits into reinforcing what worked (positive advantages) and
+    suppressing what did not (negative ones; Zhu et al. 2025 study the two halves apart). Pushing a
+    sampled token down hands its probability to every other token of the vocabulary, so the negative
+    half raises entropy; on a small model with a large vocabulary that mass reaches stray tokens
+    and malformed replies follow. ``scale`` < 1 weakens that half; 1 is the unscaled estimator and
+    0 keeps only the positive half (advantage-weighted imitation of the better samples).
+    """
+    if not 0.0 <= scale <= 1.0:
+        raise ValueError(f"scale must be in [0, 1], got {scale}")
+    if scale == 1.0:
+        return advantages
+    return torch.where(advantages < 0, advantages * scale, advantages)
 
 
 def turn_validity_advantages(

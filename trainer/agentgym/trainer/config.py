@@ -97,6 +97,8 @@ class RLTrainerConfig:
     """Weight of per-turn rewards (0: env step rewards already sum to the score; see rewards.py)."""
     invalid_action_penalty: float = 0.0
     """Subtracted (normalised units) for every malformed or rejected action (see ``rewards``)."""
+    negative_advantage_scale: float = 1.0
+    """Negative (outcome) advantages are multiplied by this, in [0, 1] (``advantages.scale_negative_advantages``)."""
     turn_validity_coef: float = 0.0
     """GRPO/RLOO: weight of the turn-level validity advantage added to the outcome advantage
     (``advantages.turn_validity_advantages``); 0 disables."""
@@ -162,6 +164,8 @@ class RLTrainerConfig:
             raise ValueError(f"group_size must be >= 2 for {self.algorithm}")
         if self.kl_as == "reward" and self.algorithm in ("grpo", "rloo"):
             raise ValueError("kl_as='reward' needs a token-level estimator (ppo, reinforce_plus_plus)")
+        if not 0.0 <= self.negative_advantage_scale <= 1.0:
+            raise ValueError(f"negative_advantage_scale must be in [0, 1], got {self.negative_advantage_scale}")
         if self.turn_validity_coef < 0:
             raise ValueError(f"turn_validity_coef must be >= 0, got {self.turn_validity_coef}")
         if self.turn_validity_coef and self.algorithm not in ("grpo", "rloo"):
@@ -290,6 +294,7 @@ class RLTrainerConfig:
             "loss_aggregation": algo.loss_aggregation,
             "invalid_action_penalty": algo.invalid_action_penalty,
             "turn_validity_coef": algo.turn_validity_coef,
+            "negative_advantage_scale": algo.negative_advantage_scale,
             "max_grad_norm": algo.max_grad_norm,
             "critic_learning_rate": algo.critic_learning_rate,
             "value_clip": algo.value_clip,

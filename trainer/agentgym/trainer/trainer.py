@@ -500,6 +500,7 @@ class RLTrainer:
                 outcome = adv.grpo_advantages(scores, group_ids, mask, c.normalize_by_std)
             else:
                 outcome = adv.rloo_advantages(scores, group_ids, mask)
+            outcome = adv.scale_negative_advantages(outcome, c.negative_advantage_scale)
             if c.turn_validity_coef:
                 spans, invalid = zip(*(turn_validity(t) for t in batch.trajectories), strict=True)
                 validity = adv.turn_validity_advantages(spans, invalid, group_ids, mask, c.normalize_by_std)
@@ -508,12 +509,13 @@ class RLTrainer:
         rewards = token_rewards(batch.trajectories, mask, c.reward_config())
         if c.algorithm == "reinforce_plus_plus":
             coef = c.kl_coef if kl_reward is not None else 0.0
-            return adv.reinforce_plus_plus_advantages(rewards, mask, c.gamma, kl_reward, coef), None, None
+            advantages = adv.reinforce_plus_plus_advantages(rewards, mask, c.gamma, kl_reward, coef)
+            return adv.scale_negative_advantages(advantages, c.negative_advantage_scale), None, None
         if kl_reward is not None:
             rewards = adv.kl_penalized_rewards(rewards, mask, kl_reward, c.kl_coef)
         values = self._values_of(batch)
         advantages, returns = adv.gae_advantages(rewards, values, mask, c.gamma, c.lam)
-        return advantages, returns, values
+        return adv.scale_negative_advantages(advantages, c.negative_advantage_scale), returns, values
 
     def _update(self, batch: _Batch, step: int) -> dict[str, float]:
         c = self.config
