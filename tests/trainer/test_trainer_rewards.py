@@ -145,3 +145,10 @@ def test_turn_validity_spans_and_flags() -> None:
     t.turns.append(rl_pb2.Turn(action_start=8, action_end=8, observation_end=8, invalid_action=True))
     t.turns.append(rl_pb2.Turn(action_start=8, action_end=12, observation_end=12))
     assert turn_validity(t) == ([(0, 2), (5, 8)], [True, False])
+    # Nor one that does not end after the turn before it; the turn rewards skip the same turns.
+    t.turns.append(rl_pb2.Turn(action_start=6, action_end=7, observation_end=8, invalid_action=True))
+    assert turn_validity(t) == ([(0, 2), (5, 8)], [True, False])
+    penalties = RewardConfig(invalid_action_penalty=0.1)
+    row = token_rewards([t], torch.tensor([list(t.loss_mask)], dtype=torch.float32), penalties)[0].tolist()
+    # -0.1 for the first (invalid) turn only; the outcome (score 40, clipped to 1 for babyai) on the last token.
+    assert row == [0.0, pytest.approx(-0.1), 0.0, 0.0, 0.0, 0.0, 0.0, pytest.approx(1.0)]

@@ -100,27 +100,35 @@ def outcome_reward(trajectory: rl_pb2.Trajectory, config: RewardConfig) -> float
     return min(1.0, max(0.0, value))
 
 
-def _turn_rewards(trajectory: rl_pb2.Trajectory, config: RewardConfig) -> tuple[list[int], list[float]]:
-    """(turn ends, scaled turn rewards) of the turns that have sampled tokens, in order.
+def _credited_turns(trajectory: rl_pb2.Trajectory) -> list[tuple[rl_pb2.Turn, int, int]]:
+    """(turn, action start, action end) of the turns that have sampled tokens to credit, in order.
 
-    A turn whose action span is empty (the engine returned no token) has no token to carry a
-    reward; it is skipped.
+    A turn whose action span is empty (the engine returned no token), lies past the response or
+    does not end after the previous credited turn is skipped: it has no token of its own.
     """
+    credited: list[tuple[rl_pb2.Turn, int, int]] = []
+    previous = 0
+    length = len(trajectory.response_token_ids)
+    for turn in trajectory.turns:
+        start, end = int(turn.action_start), int(turn.action_end)
+        if end <= previous or end > length or end <= start:
+            continue
+        credited.append((turn, start, end))
+        previous = end
+    return credited
+
+
+def _turn_rewards(trajectory: rl_pb2.Trajectory, config: RewardConfig) -> tuple[list[int], list[float]]:
+    """(turn ends, scaled turn rewards) of the credited turns (:func:`_credited_turns`), in order."""
     ends: list[int] = []
     rewards: list[float] = []
     if config.turn_reward_coef == 0.0 and config.invalid_action_penalty == 0.0:
         return ends, rewards
     scale = score_scale(trajectory.environment, config)
-    previous = 0
-    length = len(trajectory.response_token_ids)
-    for turn in trajectory.turns:
-        end = int(turn.action_end)
-        if end <= previous or end > length or turn.action_end <= turn.action_start:
-            continue
+    for turn, _, end in _credited_turns(trajectory):
         ends.append(end)
         penalty = config.invalid_action_penalty if turn.invalid_action else 0.0
         rewards.append(config.turn_reward_coef * float(turn.reward) / scale - penalty)
-        previous = end
     return ends, rewards
 
 
@@ -157,17 +165,10 @@ def token_rewards(trajectories: Sequence[rl_pb2.Trajectory], response_mask: Tens
 
 
 def turn_validity(trajectory: rl_pb2.Trajectory) -> tuple[list[tuple[int, int]], list[bool]]:
-    """(``[start, end)`` response spans of the sampled turns, whether each turn's action was invalid).
+    """(``[start, end)`` response spans of the credited turns, whether each turn's action was invalid).
 
-    Turns without sampled tokens, or whose span does not fit the response, are left out: nothing
-    there to credit.
+    The same turns as the turn rewards (:func:`_credited_turns`): one without sampled tokens of its
+    own has nothing to credit.
     """
-    spans: list[tuple[int, int]] = []
-    invalid: list[bool] = []
-    length = len(trajectory.response_token_ids)
-    for turn in trajectory.turns:
-        start, end = int(turn.action_start), int(turn.action_end)
-        if 0 <= start < end <= length:
-            spans.append((start, end))
-            invalid.append(bool(turn.invalid_action))
-    return spans, invalid
+    credited = _credited_turns(trajectory)
+    return [(start, end) for _, start, end in credited], [bool(turn.invalid_action) for turn, _, _ in credited]
