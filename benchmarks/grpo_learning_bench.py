@@ -322,7 +322,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="folder for the SFT'd policy: saved there after the warm-up, reused (no warm-up) when it exists",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    warm = Path(args.warm_start) if args.warm_start else None
+    if warm is not None and warm.exists() and not (warm / "config.json").is_file():
+        # Checked now: the warm-up would run for minutes and then fail to save there.
+        parser.error(f"--warm-start {warm}: exists but holds no saved policy (no config.json); pick a new folder")
+    return args
 
 
 if __name__ == "__main__":

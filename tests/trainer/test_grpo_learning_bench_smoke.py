@@ -37,3 +37,15 @@ def test_learning_bench_smoke(capsys: pytest.CaptureFixture[str], tmp_path: Path
     assert code in (0, 1)
     assert "no warm-up run" in again and "SFT warm-up:" not in again
     assert f"eval after the SFT warm-up (before GRPO): success {baseline} " in again
+
+
+def test_learning_bench_rejects_a_warm_start_folder_without_a_policy(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("grpo_learning_bench_args", BENCH)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(SystemExit) as exited:
+        bench.parse_args(["--warm-start", str(tmp_path)])
+    assert exited.value.code == 2
+    assert bench.parse_args(["--warm-start", str(tmp_path / "new")]).warm_start == str(tmp_path / "new")
