@@ -16,7 +16,14 @@ import pytest
 from agentgym.envs import UnknownTaskError, make, make_expert
 from agentgym.envs.base import EpisodeNotStartedError
 from agentgym.envs.sciworld.env import SciWorldEnv, SlotDiedError, pool_settings
-from agentgym.envs.sciworld.jvm import JVMError, JVMSettings, ScienceWorldJVM, Simulator, usable_archive
+from agentgym.envs.sciworld.jvm import (
+    JVMError,
+    JVMSettings,
+    ScienceWorldJVM,
+    Simulator,
+    _InterfaceCloner,
+    usable_archive,
+)
 from agentgym.envs.sciworld.pool import PoolExhaustedError, PoolSettings, SciWorldPool, close_shared_pools, shared_pool
 from agentgym.envs.sciworld.tasks import load_catalog
 
@@ -434,8 +441,8 @@ def test_simulators_sharing_a_jvm_are_independent() -> None:
 
 def test_adding_a_simulator_and_list_calls_take_few_round_trips() -> None:
     """py4j asks the JVM once per dot of `jvm.a.b.C` and per static member access: the JVM looks
-    its classes up once, so a simulator added to a warm JVM costs 6 round trips (its state swapped
-    in, constructed, pointed at the JVM's first task table) and a list answer 2."""
+    its classes up once, so a simulator added to a warm JVM costs 17 short round trips (its state
+    swapped in: 4; allocated and its fields set: 13) and a list answer 2."""
     settings = JVMSettings()
     jvm = ScienceWorldJVM(settings, capacity=3, archive=usable_archive(settings))
     try:
@@ -453,12 +460,79 @@ def test_adding_a_simulator_and_list_calls_take_few_round_trips() -> None:
         jvm.add_simulator()
         sent.clear()
         third = jvm.add_simulator()
-        assert len(sent) <= 6, sent
+        assert len(sent) <= 17, sent
         names = first.task_names()
         assert len(names) == 30 and third.task_names() == names
         sent.clear()  # `third` runs now: its next calls swap nothing in
         assert third.task_names() == names
         assert len(sent) == 2, sent
+    finally:
+        jvm.close()
+
+
+def _interface_fields(jvm: ScienceWorldJVM, server: Any) -> dict[str, Any]:
+    """A PythonInterface's instance fields: values, or (class name, the object) for objects."""
+    java_class = jvm._jvm().java.lang.Class
+    fields = {}
+    for field in java_class.forName("scienceworld.runtime.pythonapi.PythonInterface").getDeclaredFields():
+        if jvm._jvm().java.lang.reflect.Modifier.isStatic(field.getModifiers()):
+            continue
+        field.setAccessible(True)
+        value = field.get(server)
+        if hasattr(value, "getClass"):
+            value = (str(value.getClass().getName()), value)
+        fields[str(field.getName())] = value
+    return fields
+
+
+def test_later_simulators_of_a_jvm_are_made_as_the_constructor_would_without_a_task_table() -> None:
+    """The JVM's first simulator is constructed; later ones are allocated and given the same field
+    values (the first's task table, fresh action handler and run history), and play alike."""
+    settings = JVMSettings()
+    jvm = ScienceWorldJVM(settings, capacity=3, archive=usable_archive(settings))
+    try:
+        first = jvm.add_simulator()
+        assert jvm._cloner is not None
+        second, third = jvm.add_simulator(), jvm.add_simulator()
+        with jvm.exclusive():
+            constructed = _interface_fields(jvm, jvm._interface_class())
+            made = [_interface_fields(jvm, sim._server) for sim in (second, third)]
+            first_table = first._server.taskMaker()
+        assert set(constructed) == _InterfaceCloner.FIELDS
+        for fields in made:
+            assert set(fields) == set(constructed)
+            for name, value in constructed.items():
+                if isinstance(value, tuple):  # an object: the same class (None$, arrays, handler, ...)
+                    assert fields[name][0] == value[0], name
+                else:
+                    assert fields[name] == value, name
+            assert fields["taskMaker"][1].equals(first_table)  # shared, not built
+        # made anew for each: the objects a simulator changes in place
+        for name in ("actionHandler", "currentHistory"):
+            assert not made[0][name][1].equals(made[1][name][1]), name
+        # a made simulator answers before and after its first load like the first one
+        assert third.task_names() == first.task_names() and third.max_variations("boil") == 30
+        third.load("boil", 0, gold_path=True)
+        first.load("boil", 0, gold_path=True)
+        assert third.gold_actions() == first.gold_actions() and len(first.gold_actions()) > 5
+        assert third.task_description() == first.task_description()
+    finally:
+        jvm.close()
+
+
+def test_simulators_are_constructed_where_they_cannot_be_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ScienceWorld whose PythonInterface has other fields is never half-initialised: every
+    simulator is constructed (and pointed at the JVM's first table)."""
+    monkeypatch.setattr(_InterfaceCloner, "FIELDS", _InterfaceCloner.FIELDS | {"aFieldOfAnotherVersion"})
+    settings = JVMSettings()
+    jvm = ScienceWorldJVM(settings, capacity=2, archive=usable_archive(settings))
+    try:
+        first, second = jvm.add_simulator(), jvm.add_simulator()
+        assert jvm._cloner is None
+        with jvm.exclusive():
+            assert second._server.taskMaker().equals(first._server.taskMaker())
+        second.load("boil", 0)
+        assert "boil" in second.task_description()
     finally:
         jvm.close()
 

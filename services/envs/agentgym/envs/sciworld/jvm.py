@@ -8,10 +8,10 @@ pays only for what it uses.
 
 One JVM hosts one or more simulators (`Simulator`, one ScienceWorld ``PythonInterface`` object
 each, up to the JVM's `capacity`): a JVM costs ~1.3 CPU-seconds and ~100 MB to start, an extra
-simulator in a warm JVM ~0.12 CPU-seconds (its constructor builds ScienceWorld's whole task
-table, ~17,600 objects) and ~10-30 MB. Simulators of one JVM are separate
-worlds, but ScienceWorld keeps some of a world's state in JVM-wide singletons, so the JVM makes
-them safe to share:
+simulator in a warm JVM a few milliseconds (made without its constructor, which builds
+ScienceWorld's whole task table, ~17,600 objects: see `_InterfaceCloner`) and ~10-30 MB.
+Simulators of one JVM are separate worlds, but ScienceWorld keeps some of a world's state in
+JVM-wide singletons, so the JVM makes them safe to share:
 
 * every simulator call holds the JVM's lock: one call at a time per JVM. The singletons (object
   counter, random generator, type-id table) are unsynchronised; concurrent calls could give two
@@ -253,6 +253,7 @@ class ScienceWorldJVM:
         self._shared_state: _SharedState | None = None  # swapped between simulators (capacity > 1)
         self._active: Simulator | None = None  # the simulator whose state the JVM's singletons hold
         self._task_table: Any = None  # the first simulator's task table, before its first load
+        self._cloner: _InterfaceCloner | None = None  # makes later simulators like the first (capacity > 1)
         self._exit_lock = threading.Lock()
         self._exit_callbacks: list[Callable[[ScienceWorldJVM], None]] | None = []  # None once exited
         options = settings.base_options(capacity)
@@ -330,7 +331,7 @@ class ScienceWorldJVM:
     # -- simulators ------------------------------------------------------------------------------
 
     def add_simulator(self) -> Simulator:
-        """Create one more simulator in this JVM (~0.12 CPU-s once the JVM is warm)."""
+        """Create one more simulator in this JVM (a few ms once it has one: see `_construct`)."""
         with self._lock:
             if len(self.simulators) >= self.capacity:
                 raise JVMError(f"this JVM already hosts its {self.capacity} simulator(s)")
@@ -347,20 +348,26 @@ class ScienceWorldJVM:
     def _construct(self, simulator: Simulator) -> None:
         with self.exclusive(simulator):  # its construction draws ids and random numbers: its own
             self._jvm()  # raises JVMDiedError once the JVM is closed
+            if self._shared_state is None:  # a JVM of one simulator
+                simulator._server = self._interface_class()
+                return
+            # ScienceWorld's constructor builds the whole task table (~12 MB, ~45 ms in a warm JVM;
+            # it has no constructor or factory that takes one), and every load builds a new one: the
+            # table's objects become the loaded world, so a table serves one load only. Until its
+            # first load a simulator only reads task names and variation counts from it, the same
+            # for all. So the JVM's later simulators are made without the constructor, sharing the
+            # first one's table (`_InterfaceCloner`): ~3 ms each instead of ~45 ms, and a slot never
+            # loaded holds ~6 MB less. Where that cannot be done, they are constructed and pointed
+            # at the first table, which frees theirs at once.
+            if self._cloner is not None:
+                simulator._server = self._cloner.make()
+                return
             server = self._interface_class()
             simulator._server = server
-            if self._shared_state is None:
-                return  # a JVM of one simulator
-            # ScienceWorld's constructor builds the whole task table (~12 MB; it has no constructor or
-            # factory that takes one), and every load builds a new one: the table's objects become
-            # the loaded world, so a table serves one load only. Until its first load a simulator
-            # only reads task names and variation counts from it, the same for all. Pointing later
-            # simulators at the JVM's first table frees theirs at once: collections need not copy
-            # them (starting 8 simulators is ~5 % cheaper) and a slot never loaded holds ~6 MB less.
-            # Building a table draws ~17,200 object ids and scala.util.Random numbers, so the
-            # construction runs alone, on the new simulator's own state (see `_SharedState`).
             if self._task_table is None:
                 self._task_table = server.taskMaker()
+                assert self._gateway is not None
+                self._cloner = _InterfaceCloner.of(self._gateway, server)
             else:
                 getattr(server, "taskMaker_$eq")(self._task_table)
 
@@ -520,6 +527,91 @@ def _java_class(client: Any, name: str) -> Any:
 def _scala_object(client: Any, name: str) -> Any:
     """A Scala `object` (the singleton instance of class ``name$``)."""
     return _java_class(client, "java.lang.Class").forName(f"{name}$").getField("MODULE$").get(None)
+
+
+class _InterfaceCloner:
+    """Makes ``PythonInterface`` objects as its constructor would, without building a task table.
+
+    The constructor sets 15 fields. From a freshly constructed template (never loaded) this copies
+    the values that are immutable (strings, ``None``, an empty array) and the task table (read-only
+    until a load replaces it), and makes anew the two objects a simulator changes in place: its
+    action handler (``ActionDefinitions.mkActionDefinitions()``, as the constructor calls it) and
+    its run history (``RunHistory("", -1, -1)`` with the class's default arguments). Fields the
+    constructor sets to 0/false are left as allocation leaves them. Every field a load or step
+    uses is set by the load itself (``doLoad``), before the simulator does anything else.
+
+    The object is allocated by ``sun.misc.Unsafe.allocateInstance`` and its fields set by
+    reflection (~13 round trips). `of` checks the class has exactly the fields this knows, so a
+    different ScienceWorld is constructed normally instead of being half-initialised.
+    """
+
+    FIELDS = frozenset(
+        {
+            "ERROR_MESSAGE_UNINITIALIZED",
+            "agentInterface",
+            "agent",
+            "actionHandler",
+            "taskStr",
+            "taskVariationIdx",
+            "simplificationStr",
+            "goldActionsStr",
+            "goldPathGenerationEnabled",
+            "score",
+            "isComplete",
+            "errorUnknownEnvironment",
+            "errorStr",
+            "taskMaker",
+            "currentHistory",
+        }
+    )
+    _MADE_ANEW = frozenset({"actionHandler", "currentHistory"})
+
+    def __init__(self, gateway: JavaGateway, template: Any) -> None:
+        client = gateway._gateway_client
+        java_class = _java_class(client, "java.lang.Class")
+        modifier = _java_class(client, "java.lang.reflect.Modifier")
+        unsafe_field = java_class.forName("sun.misc.Unsafe").getDeclaredField("theUnsafe")
+        unsafe_field.setAccessible(True)
+        self._unsafe = unsafe_field.get(None)
+        self._class = java_class.forName("scienceworld.runtime.pythonapi.PythonInterface")
+        fields = {}
+        for field in self._class.getDeclaredFields():
+            if not modifier.isStatic(field.getModifiers()):
+                fields[str(field.getName())] = field
+        if set(fields) != self.FIELDS:
+            raise ValueError(f"PythonInterface has fields {sorted(fields)}, not the ones known")
+        self._copied: list[tuple[Any, Any]] = []  # (field, the template's value)
+        for name, field in fields.items():
+            field.setAccessible(True)  # private (two final): set the way deserialisation does
+            if name in self._MADE_ANEW:
+                continue
+            value = field.get(template)
+            if not (isinstance(value, bool | int | float) and not value):  # zeroes: as allocated
+                self._copied.append((field, value))
+        self._action_handler_field = fields["actionHandler"]
+        self._history_field = fields["currentHistory"]
+        self._action_definitions = _scala_object(client, "scienceworld.input.ActionDefinitions")
+        self._run_history = _java_class(client, "scienceworld.goldagent.RunHistory")
+        companion = _scala_object(client, "scienceworld.goldagent.RunHistory")
+        self._history_defaults = [getattr(companion, f"$lessinit$greater$default${i}")() for i in (4, 5, 6)]
+
+    @classmethod
+    def of(cls, gateway: JavaGateway, template: Any) -> _InterfaceCloner | None:
+        """A cloner of `template`, or None (logged) where this JVM or ScienceWorld does not allow it."""
+        try:
+            return cls(gateway, template)
+        except (Py4JJavaError, ValueError) as error:
+            log.warning("ScienceWorld simulators of a JVM will each build a task table: %s", error)
+            return None
+
+    def make(self) -> Any:
+        """A new PythonInterface in the state its constructor leaves, sharing the template's task table."""
+        server = self._unsafe.allocateInstance(self._class)
+        for field, value in self._copied:
+            field.set(server, value)
+        self._action_handler_field.set(server, self._action_definitions.mkActionDefinitions())
+        self._history_field.set(server, self._run_history("", -1, -1, *self._history_defaults))
+        return server
 
 
 class _SharedState:

@@ -2,7 +2,7 @@
 
 Starting a ScienceWorld JVM costs ~1.3 CPU-seconds (class loading, the simulator's set-up, JIT), and
 AgentGym's server started one per `/create` and never stopped it. Here a slot is one simulator; a
-JVM hosts up to `simulators_per_jvm` of them (an extra simulator in a warm JVM costs ~0.12 CPU-s;
+JVM hosts up to `simulators_per_jvm` of them (an extra simulator in a warm JVM costs a few ms;
 8 slots sharing a JVM hold ~20-40 MB resident each, a slot with a JVM of its own ~110-150 MB), so
 8 slots cost one JVM start-up and seven cheap additions instead of eight start-ups competing for
 the cores. An episode leases a slot at its first reset,
@@ -49,9 +49,9 @@ from agentgym.envs.sciworld.jvm import (
 
 log = logging.getLogger(__name__)
 
-# 8 simulators per JVM: a default pool (8 slots) is one JVM. Measured on 2 busy cores
-# (benchmarks/sciworld_bench.py): 8 slots warm up in ~1.6x the time of one (2 JVMs of 4: ~1.9x,
-# 8 JVMs: ~4.6-5x), at ~20-40 MB resident per slot (2 JVMs of 4: ~39 MB idle; 8 JVMs: ~107 MB).
+# 8 simulators per JVM: a default pool (8 slots) is one JVM. Measured on 2 cores
+# (benchmarks/sciworld_bench.py): 8 slots warm up in ~1.1x the time of one (2 JVMs of 4: ~1.9x,
+# 8 JVMs: ~7.5x), at ~20-40 MB resident per slot (2 JVMs of 4: ~31 MB idle; 8 JVMs: ~107 MB).
 # The price: shared fate (a JVM that dies fails its 8 episodes) and one JVM's step throughput for
 # 8 slots (a step takes milliseconds, an agent's turn seconds; with all 8 stepping flat out on 2
 # cores, ~30 % fewer steps than 8 JVMs). Lower it for isolation or step-bound workloads.
