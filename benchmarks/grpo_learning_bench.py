@@ -195,6 +195,8 @@ async def main(args: argparse.Namespace) -> int:
         loss_aggregation=args.aggregation,
         invalid_action_penalty=args.invalid_action_penalty,
         turn_validity_coef=args.turn_validity_coef,
+        step_group_coef=args.step_group_coef,
+        step_group_gamma=args.step_group_gamma,
         negative_advantage_scale=args.negative_advantage_scale,
         adam_eps=args.adam_eps,
         environments=[EnvironmentConfig(ENVIRONMENT, "train-easy", config=env_settings)],
@@ -303,6 +305,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--invalid-action-penalty", type=float, default=0.1)
     parser.add_argument("--turn-validity-coef", type=float, default=1.0)
     parser.add_argument("--negative-advantage-scale", type=float, default=1.0)
+    parser.add_argument("--step-group-coef", type=float, default=0.0, help="GiGPO step-level groups (0: off)")
+    parser.add_argument("--step-group-gamma", type=float, default=0.95)
     parser.add_argument("--tasks", type=int, default=4, help="train tasks per GRPO step")
     parser.add_argument("--group", type=int, default=8, help="episodes per task (the GRPO group)")
     parser.add_argument(

@@ -64,6 +64,14 @@ def test_minimal_spec_gets_sensible_defaults() -> None:
             "spec.algorithm.negativeAdvantageScale: Input should be less than or equal to 1",
         ),
         (
+            {"algorithm": {"name": "reinforce_plus_plus", "stepGroupCoef": 1.0}},
+            "spec.algorithm: stepGroupCoef is for grpo and rloo",
+        ),
+        (
+            {"algorithm": {"stepGroupGamma": 1.5}},
+            "spec.algorithm.stepGroupGamma: Input should be less than or equal to 1",
+        ),
+        (
             {"algorithm": {"turnValidityCoef": -1}},
             "spec.algorithm.turnValidityCoef: Input should be greater than or equal to 0",
         ),

@@ -32,6 +32,8 @@ from agentgym.trainer.advantages import (
     rloo_advantages,
     sampled_spans,
     scale_negative_advantages,
+    step_group_advantages,
+    turn_returns,
     turn_validity_advantages,
 )
 
@@ -406,6 +408,85 @@ def test_turn_validity_advantages_stay_on_sampled_tokens_and_check_input() -> No
         turn_validity_advantages(TURN_SPANS[:2], [[True, False], [False, False]], [0, 0], MASK)
     with pytest.raises(ValueError, match="validity flags"):
         turn_validity_advantages(TURN_SPANS, [[True], [False, False], [False, False, False]], [0, 0, 0], MASK)
+
+
+# ---------------------------------------------------------------------------------------------
+# step-level groups over anchor states (GiGPO)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_turn_returns_by_hand() -> None:
+    # Outcome 1 on the last of three turns, gamma 0.5: R = [0.25, 0.5, 1].
+    assert turn_returns([0.0, 0.0, 1.0], 0.5) == [0.25, 0.5, 1.0]
+    # R2 = 2; R1 = -0.1 + 0.9 * 2 = 1.7; R0 = 1 + 0.9 * 1.7 = 2.53
+    assert turn_returns([1.0, -0.1, 2.0], 0.9) == pytest.approx([2.53, 1.7, 2.0])
+    assert turn_returns([0.0, 1.0], 1.0) == [1.0, 1.0] and turn_returns([], 0.9) == []
+    with pytest.raises(ValueError, match="gamma"):
+        turn_returns([1.0], 1.5)
+
+
+# Rows 0 and 1 are group a, row 2 group b. Row 0 succeeds at its second turn; row 1 turns back to
+# the start state and fails; row 2 leaves the start, comes back to it and succeeds at its third turn.
+STEP_STATES = [["s0", "x"], ["s0", "s0"], ["s0", "y", "s0"]]
+STEP_REWARDS = [[0.0, 1.0], [0.0, 0.0], [0.0, 0.0, 1.0]]
+
+
+def test_step_group_advantages_by_hand() -> None:
+    # gamma 0.5 -> returns: row 0 [0.5, 1]; row 1 [0, 0]; row 2 [0.25, 0.5, 1].
+    # (a, s0): row 0 turn 0 (0.5), row 1 turns 0 and 1 (0, 0): mean 1/6; deviations 1/3, -1/6, -1/6;
+    #   unbiased var (1/9 + 1/36 + 1/36) / 2 = 1/12 -> std 0.288675; A = 1.1547, -0.57735, -0.57735
+    # (a, x): row 0 turn 1 alone -> 0.   (b, y): row 2 turn 1 alone -> 0.
+    # (b, s0): row 2 turns 0 and 2 (0.25, 1): mean 0.625, deviations -+0.375, std 0.53033 -> -+0.70711
+    eps = 1e-6
+    sa, sb = math.sqrt(1 / 12) + eps, math.sqrt(2 * 0.375**2) + eps
+    hi_a, lo_a = (1 / 3) / sa, (-1 / 6) / sa
+    lo_b, hi_b = -0.375 / sb, 0.375 / sb
+    adv = step_group_advantages(TURN_SPANS, STEP_STATES, STEP_REWARDS, ["a", "a", "b"], MASK, gamma=0.5)
+    close(
+        adv,
+        [
+            [hi_a, hi_a, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            [lo_a, 0.0, 0.0, lo_a, lo_a, 0.0, 0.0, 0.0],
+            [lo_b, lo_b, lo_b, 0.0, 0.0, 0.0, hi_b, 0.0],
+        ],
+        atol=1e-5,
+    )
+    # Without the std: R - mean over the step group.
+    centred = step_group_advantages(
+        TURN_SPANS, STEP_STATES, STEP_REWARDS, ["a", "a", "b"], MASK, gamma=0.5, normalize_by_std=False
+    )
+    close(
+        centred,
+        [
+            [1 / 3, 1 / 3, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            [-1 / 6, 0.0, 0.0, -1 / 6, -1 / 6, 0.0, 0.0, 0.0],
+            [-0.375, -0.375, -0.375, 0.0, 0.0, 0.0, 0.375, 0.0],
+        ],
+    )
+
+
+def test_step_groups_are_within_a_group_and_prefer_the_shorter_success() -> None:
+    # The same states in different groups are not compared: each row alone in its group -> 0.
+    alone = step_group_advantages(TURN_SPANS[:2], STEP_STATES[:2], STEP_REWARDS[:2], ["a", "b"], MASK[:2])
+    close(alone, torch.zeros(2, 8).tolist())
+    # Two successes from the start state, in 2 and 3 turns: with gamma < 1 the shorter one is better
+    # (0.9 vs 0.81), with gamma 1 they are equal and nothing is learned at the start.
+    spans, states = [[(0, 2), (4, 6)], [(0, 3), (4, 5), (6, 7)]], [["s0", "x"], ["s0", "y", "z"]]
+    rewards = [[0.0, 1.0], [0.0, 0.0, 1.0]]
+    mask = MASK[[0, 2]]
+    discounted = step_group_advantages(spans, states, rewards, [0, 0], mask, gamma=0.9)
+    assert float(discounted[0, 0]) > 0 > float(discounted[1, 0])
+    close(step_group_advantages(spans, states, rewards, [0, 0], mask, gamma=1.0), torch.zeros(2, 8).tolist())
+
+
+def test_step_group_advantages_stay_on_sampled_tokens_and_check_input() -> None:
+    spans = [[(0, 2), (4, 6)], [(0, 3), (3, 5)], [(0, 3), (4, 5), (6, 7)]]  # row 1's first span covers an observation
+    adv = step_group_advantages(spans, STEP_STATES, STEP_REWARDS, [0, 0, 0], MASK)
+    assert float((adv * (1 - MASK)).abs().sum()) == 0.0
+    with pytest.raises(ValueError, match="turn spans/states/rewards"):
+        step_group_advantages(TURN_SPANS[:2], STEP_STATES, STEP_REWARDS, [0, 0, 0], MASK)
+    with pytest.raises(ValueError, match="2 turn spans, 1 states"):
+        step_group_advantages(TURN_SPANS, [["s0"], *STEP_STATES[1:]], STEP_REWARDS, [0, 0, 0], MASK)
 
 
 def test_scale_negative_advantages() -> None:

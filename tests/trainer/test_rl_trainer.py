@@ -215,6 +215,30 @@ def test_turn_validity_credit_is_added_to_the_outcome_advantage(
     assert float(plain._advantages(batch, batch.sampled_logprobs, None)[0].abs().sum()) == 0.0
 
 
+@pytest.mark.parametrize("algorithm", ["grpo", "rloo"])
+def test_step_group_credit_is_added_to_the_outcome_advantage(
+    algorithm: str, config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]]
+) -> None:
+    """Two successful episodes of one task, in 2 and 3 turns (outcome advantage 0 with success rewards)."""
+    trainer = RLTrainer(
+        config_factory(
+            algorithm=algorithm, group_size=2, outcome_reward="success", step_group_coef=0.5, step_group_gamma=0.9
+        )
+    )
+    (short,) = make_batch(5, 0, groups=1, group_size=1, turns=2, success=True)
+    (long,) = make_batch(6, 0, groups=1, group_size=1, turns=3, success=True)  # other observations
+    long.group_id, long.trajectory_id, long.sample_index = short.group_id, "long", 1
+    batch = trainer._batch([short, long])
+    advantages, _, _ = trainer._advantages(batch, batch.sampled_logprobs, None)
+    # Only the first turns share a state (the prompt). Returns there: 0.9 and 0.81 -> z = +-0.70711
+    # (two values), x 0.5. Later turns saw observations of their own: 0.
+    expected = torch.zeros_like(advantages)
+    for row, trajectory in enumerate([short, long]):
+        first = trajectory.turns[0]
+        expected[row, first.action_start : first.action_end] = 0.5 * (1 / math.sqrt(2)) * (1 if row == 0 else -1)
+    torch.testing.assert_close(advantages, expected, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("algorithm", ["grpo", "reinforce_plus_plus"])
 def test_negative_advantages_are_scaled(
     algorithm: str, config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]]

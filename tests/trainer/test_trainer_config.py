@@ -32,6 +32,8 @@ def test_from_spec_maps_every_field_group() -> None:
                     "invalidActionPenalty": 0.1,
                     "turnValidityCoef": 0.5,
                     "negativeAdvantageScale": 0.25,
+                    "stepGroupCoef": 1.0,
+                    "stepGroupGamma": 0.9,
                 },
                 "curriculum": {"kind": "scaling_inter", "horizons": [4, 8, 12], "stageSteps": 10},
                 "trainer": {
@@ -54,6 +56,7 @@ def test_from_spec_maps_every_field_group() -> None:
     assert (config.sft_learning_rate, config.sft_tasks, config.sft_batch_size) == (1e-3, 96, 4)
     assert config.reward_config().invalid_action_penalty == 0.1
     assert (config.turn_validity_coef, config.negative_advantage_scale) == (0.5, 0.25)
+    assert (config.step_group_coef, config.step_group_gamma) == (1.0, 0.9)
     assert config.to_dict()["environments"][0]["config"] == {"list_actions": False}
     assert config.max_context_tokens == 2048
     schedule = config.build_schedule()
@@ -91,6 +94,13 @@ def test_validation() -> None:
     with pytest.raises(ValueError, match="turn_validity_coef is for the group estimators"):
         RLTrainerConfig(algorithm="ppo", group_size=1, turn_validity_coef=0.5)
     RLTrainerConfig(algorithm="rloo", turn_validity_coef=0.5)
+    with pytest.raises(ValueError, match="step_group_coef must be >= 0"):
+        RLTrainerConfig(algorithm="grpo", step_group_coef=-1.0)
+    with pytest.raises(ValueError, match="step_group_gamma must be in"):
+        RLTrainerConfig(algorithm="grpo", step_group_coef=1.0, step_group_gamma=1.2)
+    with pytest.raises(ValueError, match="step_group_coef is for the group estimators"):
+        RLTrainerConfig(algorithm="ppo", group_size=1, step_group_coef=1.0)
+    RLTrainerConfig(algorithm="rloo", step_group_coef=1.0)
     with pytest.raises(ValueError, match="negative_advantage_scale must be in"):
         RLTrainerConfig(algorithm="grpo", negative_advantage_scale=1.5)
     with pytest.raises(ValueError, match="outcome"):

@@ -7,7 +7,14 @@ import torch
 
 from agentgym.proto import rl_pb2
 from agentgym.trainer.metrics import flatten_metrics, rollout_metrics
-from agentgym.trainer.rewards import RewardConfig, outcome_reward, token_rewards, trajectory_scores, turn_validity
+from agentgym.trainer.rewards import (
+    RewardConfig,
+    outcome_reward,
+    token_rewards,
+    trajectory_scores,
+    turn_states,
+    turn_validity,
+)
 
 
 def traj(env: str, score: float, success: bool, **kw: object) -> rl_pb2.Trajectory:
@@ -152,3 +159,21 @@ def test_turn_validity_spans_and_flags() -> None:
     row = token_rewards([t], torch.tensor([list(t.loss_mask)], dtype=torch.float32), penalties)[0].tolist()
     # -0.1 for the first (invalid) turn only; the outcome (score 40, clipped to 1 for babyai) on the last token.
     assert row == [0.0, pytest.approx(-0.1), 0.0, 0.0, 0.0, 0.0, 0.0, pytest.approx(1.0)]
+
+
+def test_turn_states_keys_and_rewards() -> None:
+    t = _two_turns("babyai")
+    t.turns[0].invalid_action = True
+    spans, states, rewards = turn_states(t, RewardConfig(invalid_action_penalty=0.1))
+    # The first turn acts on the prompt (key ()); the second on the observation tokens 3, 4, 5.
+    assert spans == [(0, 2), (5, 8)] and states == [(), (3, 4, 5)]
+    # -0.1 for the invalid first turn; the outcome (score 40 clipped to 1 for babyai) on the last.
+    assert rewards == [pytest.approx(-0.1), pytest.approx(1.0)]
+    # They add up to the GRPO score of the trajectory.
+    assert sum(rewards) == pytest.approx(float(trajectory_scores([t], RewardConfig(invalid_action_penalty=0.1))[0]))
+    # Turn rewards count with their weight (sciworld: /100): 0.5 * 10/100, 0.5 * 30/100 + 0.4.
+    _, _, weighted = turn_states(_two_turns(), RewardConfig(turn_reward_coef=0.5))
+    assert weighted == [pytest.approx(0.05), pytest.approx(0.15 + 0.4)]
+    # Turns without tokens of their own are skipped, as for the validity credit.
+    t.turns.append(rl_pb2.Turn(action_start=8, action_end=8, observation_end=8))
+    assert turn_states(t, RewardConfig())[0] == turn_validity(t)[0]

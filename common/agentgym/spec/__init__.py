@@ -132,6 +132,12 @@ class AlgorithmSpec(SpecModel):
     turn_validity_coef: float = Field(default=0.0, ge=0)
     """GRPO/RLOO: weight of a turn-level advantage from action validity (each turn's valid/invalid
     action compared with the other turns of its group), added to the outcome advantage; 0: off."""
+    step_group_coef: float = Field(default=0.0, ge=0)
+    """GRPO/RLOO: weight of a step-level advantage over anchor states (GiGPO): the turns of a group that
+    acted from the same observation are compared by their discounted return; added to the outcome
+    advantage; 0: off."""
+    step_group_gamma: float = Field(default=0.95, ge=0, le=1)
+    """Per-turn discount of those step-level returns."""
     critic_learning_rate: float = Field(default=1e-5, gt=0)
     """PPO only: value model learning rate."""
     value_clip: float = Field(default=0.5, gt=0)
@@ -144,6 +150,10 @@ class AlgorithmSpec(SpecModel):
         if self.turn_validity_coef and self.name not in ("grpo", "rloo"):
             raise ValueError(
                 f"turnValidityCoef is for grpo and rloo; {self.name} credits invalid turns through invalidActionPenalty"
+            )
+        if self.step_group_coef and self.name not in ("grpo", "rloo"):
+            raise ValueError(
+                f"stepGroupCoef is for grpo and rloo; {self.name} already credits each turn by what follows it"
             )
         return self
 

@@ -72,6 +72,8 @@ __all__ = [
     "rloo_advantages",
     "sampled_spans",
     "scale_negative_advantages",
+    "step_group_advantages",
+    "turn_returns",
     "turn_validity_advantages",
 ]
 
@@ -430,6 +432,88 @@ def turn_validity_advantages(
         for (start, end), bad in zip(spans, invalid, strict=True):
             members[int(index[row])].append((row, start, end, -1.0 if bad else 0.0))
     for turns in members:
+        if len(turns) < 2:
+            continue
+        values = torch.tensor([t[3] for t in turns], dtype=torch.float64)
+        std = float(values.std())
+        if std == 0.0:
+            continue
+        centred = values - values.mean()
+        normalised = (centred / (std + eps) if normalize_by_std else centred).tolist()
+        for (row, start, end, _), value in zip(turns, normalised, strict=True):
+            out[row, start:end] = value
+    return out * response_mask.to(dtype)
+
+
+def turn_returns(turn_rewards: Sequence[float], gamma: float) -> list[float]:
+    """Discounted return from each turn of one trajectory, discounting once per turn::
+
+        R_k = r_k + gamma * R_{k+1},    R_{K+1} = 0
+
+    With only an outcome reward ``r`` on the last of ``K`` turns, ``R_k = gamma^(K-k) * r``: the
+    same success is worth more from a turn closer to it.
+    """
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    returns = [0.0] * len(turn_rewards)
+    following = 0.0
+    for k in range(len(turn_rewards) - 1, -1, -1):
+        following = float(turn_rewards[k]) + gamma * following
+        returns[k] = following
+    return returns
+
+
+def step_group_advantages(
+    turn_spans: Sequence[Sequence[tuple[int, int]]],
+    turn_states: Sequence[Sequence[Hashable]],
+    turn_rewards: Sequence[Sequence[float]],
+    group_ids: GroupIds,
+    response_mask: Tensor,
+    gamma: float = 0.95,
+    normalize_by_std: bool = True,
+    eps: float = 1e-6,
+) -> Tensor:
+    """Step-level advantages over anchor states, GiGPO's inner groups (Feng et al. 2025).
+
+    The samples of one group start from the same state and often pass through the same states
+    again (the same observation after the same moves). The turns that acted from one such anchor
+    state are a step-level group: there, different actions were taken from the same situation, and
+    what followed says which was better. A turn is compared with the other turns of its group that
+    saw the same state, by its discounted return::
+
+        R_{i,k} = sum_{j >= k} gamma^(j-k) r_{i,j}                    (turn_returns; outcome on the last turn)
+        S(i,k)  = {(i',k') : group(i') = group(i), s_{i',k'} = s_{i,k}}   (every trajectory, any turn)
+        A_{i,k} = (R_{i,k} - mean_S(R)) / (std_S(R) + eps)            (unbiased std)
+        A_{i,k} =  R_{i,k} - mean_S(R)                                (normalize_by_std=False)
+        A_{i,k} = 0   when |S(i,k)| < 2, or every return in S is equal
+
+    The first turn of every sample acts from the task's start: that step group is the whole group,
+    and with ``gamma < 1`` it also prefers the samples that succeed in fewer turns. A state that
+    recurs within one trajectory (turning in circles) joins the group once per visit.
+
+    ``turn_spans[i]`` are the ``[start, end)`` response positions of trajectory ``i``'s turns (their
+    sampled action tokens), ``turn_states[i]`` hashable keys of the state each turn acted from (equal
+    keys: the same state) and ``turn_rewards[i]`` each turn's reward. Returns ``[B, T]``:
+    ``A_{i,k}`` on the sampled tokens of turn ``k``, 0 elsewhere. Added to the episode-level (GRPO)
+    advantage with a weight, as in GiGPO.
+    """
+    _check_mask(response_mask)
+    batch = response_mask.shape[0]
+    if not len(turn_spans) == len(turn_states) == len(turn_rewards) == batch:
+        raise ValueError(
+            f"turn spans/states/rewards for {len(turn_spans)}/{len(turn_states)}/{len(turn_rewards)} rows, "
+            f"batch has {batch}"
+        )
+    dtype = _float_dtype(response_mask)
+    out = torch.zeros(response_mask.shape, dtype=dtype, device=response_mask.device)
+    index, _ = _group_index(group_ids, batch, torch.device("cpu"))
+    step_groups: dict[tuple[int, Hashable], list[tuple[int, int, int, float]]] = {}
+    for row, (spans, states, rewards) in enumerate(zip(turn_spans, turn_states, turn_rewards, strict=True)):
+        if not len(spans) == len(states) == len(rewards):
+            raise ValueError(f"row {row}: {len(spans)} turn spans, {len(states)} states, {len(rewards)} rewards")
+        for (start, end), state, value in zip(spans, states, turn_returns(rewards, gamma), strict=True):
+            step_groups.setdefault((int(index[row]), state), []).append((row, start, end, value))
+    for turns in step_groups.values():
         if len(turns) < 2:
             continue
         values = torch.tensor([t[3] for t in turns], dtype=torch.float64)

@@ -102,6 +102,12 @@ class RLTrainerConfig:
     turn_validity_coef: float = 0.0
     """GRPO/RLOO: weight of the turn-level validity advantage added to the outcome advantage
     (``advantages.turn_validity_advantages``); 0 disables."""
+    step_group_coef: float = 0.0
+    """GRPO/RLOO: weight of the step-level advantage over anchor states (GiGPO; turns of a group that
+    acted from the same observation compared by discounted return, ``advantages.step_group_advantages``),
+    added to the outcome advantage; 0 disables."""
+    step_group_gamma: float = 0.95
+    """Per-turn discount of the step-level returns (``advantages.turn_returns``)."""
     score_scales: dict[str, float] = field(default_factory=dict)
     """Overrides of the per-environment score unit (default sciworld 100, others 1)."""
     train_on_failed: bool = False
@@ -172,6 +178,15 @@ class RLTrainerConfig:
             raise ValueError(
                 "turn_validity_coef is for the group estimators (grpo, rloo); token-level estimators "
                 "credit invalid turns through invalid_action_penalty"
+            )
+        if self.step_group_coef < 0:
+            raise ValueError(f"step_group_coef must be >= 0, got {self.step_group_coef}")
+        if not 0.0 <= self.step_group_gamma <= 1.0:
+            raise ValueError(f"step_group_gamma must be in [0, 1], got {self.step_group_gamma}")
+        if self.step_group_coef and self.algorithm not in ("grpo", "rloo"):
+            raise ValueError(
+                "step_group_coef is for the group estimators (grpo, rloo); token-level estimators "
+                "already credit each turn by what follows it"
             )
         for name in ("group_size", "epochs", "mini_batch_size", "tasks_per_step", "total_steps", "checkpoint_every"):
             if getattr(self, name) < 1:
@@ -294,6 +309,8 @@ class RLTrainerConfig:
             "loss_aggregation": algo.loss_aggregation,
             "invalid_action_penalty": algo.invalid_action_penalty,
             "turn_validity_coef": algo.turn_validity_coef,
+            "step_group_coef": algo.step_group_coef,
+            "step_group_gamma": algo.step_group_gamma,
             "negative_advantage_scale": algo.negative_advantage_scale,
             "max_grad_norm": algo.max_grad_norm,
             "critic_learning_rate": algo.critic_learning_rate,

@@ -30,7 +30,7 @@ Where rewards go
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Literal
 
 import torch
@@ -58,6 +58,7 @@ __all__ = [
     "score_scale",
     "token_rewards",
     "trajectory_scores",
+    "turn_states",
     "turn_validity",
 ]
 
@@ -172,3 +173,34 @@ def turn_validity(trajectory: rl_pb2.Trajectory) -> tuple[list[tuple[int, int]],
     """
     credited = _credited_turns(trajectory)
     return [(start, end) for _, start, end in credited], [bool(turn.invalid_action) for turn, _, _ in credited]
+
+
+def turn_states(
+    trajectory: rl_pb2.Trajectory, config: RewardConfig
+) -> tuple[list[tuple[int, int]], list[Hashable], list[float]]:
+    """(``[start, end)`` spans, anchor-state keys, rewards) of the credited turns, for step-level groups.
+
+    A turn's state is the observation it acted on: the response tokens from the previous credited
+    turn's action end to its own action start (the environment's reply in its chat framing), as a
+    tuple; the first turn acts on the prompt, the same for every sample of a group, keyed ``()``.
+    Equal observations tokenise alike, so equal keys are equal observations.
+
+    Rewards are those :func:`trajectory_scores` adds up: each turn's weighted reward and invalid-action
+    penalty, and the outcome reward on the last credited turn.
+    """
+    credited = _credited_turns(trajectory)
+    tokens = trajectory.response_token_ids
+    spans: list[tuple[int, int]] = []
+    states: list[Hashable] = []
+    rewards: list[float] = []
+    scale = score_scale(trajectory.environment, config)
+    previous = 0
+    for turn, start, end in credited:
+        spans.append((start, end))
+        states.append(tuple(tokens[previous:start]))
+        penalty = config.invalid_action_penalty if turn.invalid_action else 0.0
+        rewards.append(config.turn_reward_coef * float(turn.reward) / scale - penalty)
+        previous = end
+    if rewards:
+        rewards[-1] += outcome_reward(trajectory, config)
+    return spans, states, rewards

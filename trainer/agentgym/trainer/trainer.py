@@ -66,7 +66,7 @@ from agentgym.trainer.critic import ValueModel
 from agentgym.trainer.losses import aggregate_loss, dpo_loss, kl_loss, kl_penalty, policy_loss, value_loss
 from agentgym.trainer.metrics import MetricsSink, flatten_metrics, rollout_metrics
 from agentgym.trainer.packing import PackedRow, SequenceOutputs, forward_packed, pack_sequences
-from agentgym.trainer.rewards import token_rewards, trajectory_scores, turn_validity
+from agentgym.trainer.rewards import token_rewards, trajectory_scores, turn_states, turn_validity
 
 log = logging.getLogger(__name__)
 
@@ -505,6 +505,15 @@ class RLTrainer:
                 spans, invalid = zip(*(turn_validity(t) for t in batch.trajectories), strict=True)
                 validity = adv.turn_validity_advantages(spans, invalid, group_ids, mask, c.normalize_by_std)
                 outcome = outcome + c.turn_validity_coef * validity
+            if c.step_group_coef:
+                rewards_config = c.reward_config()
+                spans, states, turn_rewards = zip(
+                    *(turn_states(t, rewards_config) for t in batch.trajectories), strict=True
+                )
+                step_level = adv.step_group_advantages(
+                    spans, states, turn_rewards, group_ids, mask, c.step_group_gamma, c.normalize_by_std
+                )
+                outcome = outcome + c.step_group_coef * step_level
             return outcome, None, None
         rewards = token_rewards(batch.trajectories, mask, c.reward_config())
         if c.algorithm == "reinforce_plus_plus":
