@@ -163,12 +163,16 @@ def test_turn_validity_spans_and_flags() -> None:
 
 def test_turn_states_keys_and_rewards() -> None:
     t = _two_turns("babyai")
-    t.turns[0].invalid_action = True
     spans, states, rewards = turn_states(t, RewardConfig(invalid_action_penalty=0.1))
     # The first turn acts on the prompt (key ()); the second on the observation tokens 3, 4, 5.
     assert spans == [(0, 2), (5, 8)] and states == [(), (3, 4, 5)]
-    # -0.1 for the invalid first turn; the outcome (score 40 clipped to 1 for babyai) on the last.
-    assert rewards == [pytest.approx(-0.1), pytest.approx(1.0)]
+    assert rewards == [0.0, pytest.approx(1.0)]  # the outcome (score 40 clipped to 1 for babyai) on the last
+    # An invalid action changes nothing: the next turn's state is the last valid observation plus the
+    # reply to the invalid action (here the first turn was invalid: () plus its reply).
+    t.turns[0].invalid_action = True
+    _, states, rewards = turn_states(t, RewardConfig(invalid_action_penalty=0.1))
+    assert states == [(), (3, 4, 5)]
+    assert rewards == [pytest.approx(-0.1), pytest.approx(1.0)]  # -0.1 for the invalid first turn
     # They add up to the GRPO score of the trajectory.
     assert sum(rewards) == pytest.approx(float(trajectory_scores([t], RewardConfig(invalid_action_penalty=0.1))[0]))
     # Turn rewards count with their weight (sciworld: /100): 0.5 * 10/100, 0.5 * 30/100 + 0.4.
@@ -177,3 +181,22 @@ def test_turn_states_keys_and_rewards() -> None:
     # Turns without tokens of their own are skipped, as for the validity credit.
     t.turns.append(rl_pb2.Turn(action_start=8, action_end=8, observation_end=8))
     assert turn_states(t, RewardConfig())[0] == turn_validity(t)[0]
+
+
+def test_turn_states_after_invalid_actions_keep_the_last_valid_observation() -> None:
+    # response: [a | o1 o1 | a | e e | a | e | a]: valid, invalid, invalid, then the fourth turn.
+    t = rl_pb2.Trajectory(
+        environment="babyai",
+        response_token_ids=[1, 10, 11, 2, 20, 21, 3, 30, 4],
+        loss_mask=[1, 0, 0, 1, 0, 0, 1, 0, 1],
+        turns=[
+            rl_pb2.Turn(action_start=0, action_end=1, observation_end=3),
+            rl_pb2.Turn(action_start=3, action_end=4, observation_end=6, invalid_action=True),
+            rl_pb2.Turn(action_start=6, action_end=7, observation_end=8, invalid_action=True),
+            rl_pb2.Turn(action_start=8, action_end=9, observation_end=9),
+        ],
+    )
+    _, states, _ = turn_states(t, RewardConfig())
+    # The sampled tokens (2, 3) never enter a key: two samples that erred differently from one state
+    # and got the same replies are in the same state.
+    assert states == [(), (10, 11), (10, 11, 20, 21), (10, 11, 20, 21, 30)]

@@ -180,27 +180,30 @@ def turn_states(
 ) -> tuple[list[tuple[int, int]], list[Hashable], list[float]]:
     """(``[start, end)`` spans, anchor-state keys, rewards) of the credited turns, for step-level groups.
 
-    A turn's state is the observation it acted on: the response tokens from the previous credited
-    turn's action end to its own action start (the environment's reply in its chat framing), as a
-    tuple; the first turn acts on the prompt, the same for every sample of a group, keyed ``()``.
-    Equal observations tokenise alike, so equal keys are equal observations.
+    A turn's state is what the environment has said since its state last changed: the observation
+    that followed the last valid action, then the replies to any invalid actions since (an invalid
+    action changes nothing, and its reply, e.g. "No action found", says nothing about where the agent
+    is: keyed alone, it would merge different states). The key is those observation tokens (each in
+    its chat framing), as a tuple; the first turn acts on the prompt, the same for every sample of a
+    group, and its key is ``()`` (plus the replies to any invalid first actions). Equal observations
+    tokenise alike, so equal keys are equal states.
 
     Rewards are those :func:`trajectory_scores` adds up: each turn's weighted reward and invalid-action
     penalty, and the outcome reward on the last credited turn.
     """
-    credited = _credited_turns(trajectory)
     tokens = trajectory.response_token_ids
     spans: list[tuple[int, int]] = []
     states: list[Hashable] = []
     rewards: list[float] = []
     scale = score_scale(trajectory.environment, config)
-    previous = 0
-    for turn, start, end in credited:
+    since_last_change: list[int] = []
+    for turn, start, end in _credited_turns(trajectory):
         spans.append((start, end))
-        states.append(tuple(tokens[previous:start]))
+        states.append(tuple(since_last_change))
+        reply = list(tokens[end : max(end, min(int(turn.observation_end), len(tokens)))])
+        since_last_change = since_last_change + reply if turn.invalid_action else reply
         penalty = config.invalid_action_penalty if turn.invalid_action else 0.0
         rewards.append(config.turn_reward_coef * float(turn.reward) / scale - penalty)
-        previous = end
     if rewards:
         rewards[-1] += outcome_reward(trajectory, config)
     return spans, states, rewards
