@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from py4j.protocol import Py4JError
 
 from agentgym.envs import UnknownTaskError, make, make_expert
 from agentgym.envs.base import EpisodeNotStartedError
@@ -520,10 +521,19 @@ def test_later_simulators_of_a_jvm_are_made_as_the_constructor_would_without_a_t
         jvm.close()
 
 
-def test_simulators_are_constructed_where_they_cannot_be_made(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A ScienceWorld whose PythonInterface has other fields is never half-initialised: every
-    simulator is constructed (and pointed at the JVM's first table)."""
-    monkeypatch.setattr(_InterfaceCloner, "FIELDS", _InterfaceCloner.FIELDS | {"aFieldOfAnotherVersion"})
+@pytest.mark.parametrize("obstacle", ["other fields", "allocation refused"])
+def test_simulators_are_constructed_where_they_cannot_be_made(obstacle: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ScienceWorld whose PythonInterface has other fields is never half-initialised, and a JVM that
+    refuses the allocation is found out once: every simulator is constructed (and pointed at the
+    JVM's first table)."""
+    if obstacle == "other fields":
+        monkeypatch.setattr(_InterfaceCloner, "FIELDS", _InterfaceCloner.FIELDS | {"aFieldOfAnotherVersion"})
+    else:
+
+        def refuse(self: _InterfaceCloner) -> Any:
+            raise Py4JError("allocateInstance is not allowed here")
+
+        monkeypatch.setattr(_InterfaceCloner, "make", refuse)
     settings = JVMSettings()
     jvm = ScienceWorldJVM(settings, capacity=2, archive=usable_archive(settings))
     try:

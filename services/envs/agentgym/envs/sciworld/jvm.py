@@ -599,8 +599,10 @@ class _InterfaceCloner:
     def of(cls, gateway: JavaGateway, template: Any) -> _InterfaceCloner | None:
         """A cloner of `template`, or None (logged) where this JVM or ScienceWorld does not allow it."""
         try:
-            return cls(gateway, template)
-        except (Py4JJavaError, ValueError) as error:
+            cloner = cls(gateway, template)
+            cloner.make()  # once here, so a JVM that refuses fails now rather than at every addition
+            return cloner
+        except (Py4JError, ValueError) as error:
             log.warning("ScienceWorld simulators of a JVM will each build a task table: %s", error)
             return None
 
