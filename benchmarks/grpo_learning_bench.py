@@ -206,6 +206,7 @@ async def main(args: argparse.Namespace) -> int:
         sft_tasks=args.sft_tasks,
         sft_batch_size=args.sft_batch,
         micro_batch_tokens=args.micro_batch_tokens,
+        bf16=args.bf16,
         tensorboard=False,
         otel_metrics=False,
         seed=args.seed,
@@ -307,6 +308,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--negative-advantage-scale", type=float, default=1.0)
     parser.add_argument("--step-group-coef", type=float, default=0.0, help="GiGPO step-level groups (0: off)")
     parser.add_argument("--step-group-gamma", type=float, default=0.95)
+    parser.add_argument(
+        "--bf16", action=argparse.BooleanOptionalAction, default=False, help="bf16 autocast in the update"
+    )
     parser.add_argument("--tasks", type=int, default=4, help="train tasks per GRPO step")
     parser.add_argument("--group", type=int, default=8, help="episodes per task (the GRPO group)")
     parser.add_argument(
