@@ -52,7 +52,7 @@ Conventions
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -392,6 +392,26 @@ def scale_negative_advantages(advantages: Tensor, scale: float) -> Tensor:
     return torch.where(advantages < 0, advantages * scale, advantages)
 
 
+def _put_normalised_turn_values(
+    out: Tensor, turn_sets: Iterable[Sequence[tuple[int, int, int, float]]], normalize_by_std: bool, eps: float
+) -> None:
+    """Write each set's values, centred (and divided by the set's unbiased std), on their turns' spans.
+
+    A set item is ``(row, start, end, value)``. Sets of fewer than 2 turns, or of equal values, write nothing.
+    """
+    for turns in turn_sets:
+        if len(turns) < 2:
+            continue
+        values = torch.tensor([t[3] for t in turns], dtype=torch.float64)
+        std = float(values.std())
+        if std == 0.0:
+            continue
+        centred = values - values.mean()
+        normalised = (centred / (std + eps) if normalize_by_std else centred).tolist()
+        for (row, start, end, _), value in zip(turns, normalised, strict=True):
+            out[row, start:end] = value
+
+
 def turn_validity_advantages(
     turn_spans: Sequence[Sequence[tuple[int, int]]],
     turn_invalid: Sequence[Sequence[bool]],
@@ -431,17 +451,7 @@ def turn_validity_advantages(
             raise ValueError(f"row {row}: {len(spans)} turn spans but {len(invalid)} validity flags")
         for (start, end), bad in zip(spans, invalid, strict=True):
             members[int(index[row])].append((row, start, end, -1.0 if bad else 0.0))
-    for turns in members:
-        if len(turns) < 2:
-            continue
-        values = torch.tensor([t[3] for t in turns], dtype=torch.float64)
-        std = float(values.std())
-        if std == 0.0:
-            continue
-        centred = values - values.mean()
-        normalised = (centred / (std + eps) if normalize_by_std else centred).tolist()
-        for (row, start, end, _), value in zip(turns, normalised, strict=True):
-            out[row, start:end] = value
+    _put_normalised_turn_values(out, members, normalize_by_std, eps)
     return out * response_mask.to(dtype)
 
 
@@ -513,17 +523,7 @@ def step_group_advantages(
             raise ValueError(f"row {row}: {len(spans)} turn spans, {len(states)} states, {len(rewards)} rewards")
         for (start, end), state, value in zip(spans, states, turn_returns(rewards, gamma), strict=True):
             step_groups.setdefault((int(index[row]), state), []).append((row, start, end, value))
-    for turns in step_groups.values():
-        if len(turns) < 2:
-            continue
-        values = torch.tensor([t[3] for t in turns], dtype=torch.float64)
-        std = float(values.std())
-        if std == 0.0:
-            continue
-        centred = values - values.mean()
-        normalised = (centred / (std + eps) if normalize_by_std else centred).tolist()
-        for (row, start, end, _), value in zip(turns, normalised, strict=True):
-            out[row, start:end] = value
+    _put_normalised_turn_values(out, step_groups.values(), normalize_by_std, eps)
     return out * response_mask.to(dtype)
 
 

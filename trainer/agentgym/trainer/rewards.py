@@ -128,9 +128,14 @@ def _turn_rewards(trajectory: rl_pb2.Trajectory, config: RewardConfig) -> tuple[
     scale = score_scale(trajectory.environment, config)
     for turn, _, end in _credited_turns(trajectory):
         ends.append(end)
-        penalty = config.invalid_action_penalty if turn.invalid_action else 0.0
-        rewards.append(config.turn_reward_coef * float(turn.reward) / scale - penalty)
+        rewards.append(_turn_reward(turn, scale, config))
     return ends, rewards
+
+
+def _turn_reward(turn: rl_pb2.Turn, scale: float, config: RewardConfig) -> float:
+    """One turn's reward in normalised units: its weighted env reward, less the invalid-action penalty."""
+    penalty = config.invalid_action_penalty if turn.invalid_action else 0.0
+    return config.turn_reward_coef * float(turn.reward) / scale - penalty
 
 
 def trajectory_scores(trajectories: Sequence[rl_pb2.Trajectory], config: RewardConfig) -> Tensor:
@@ -202,8 +207,7 @@ def turn_states(
         states.append(tuple(since_last_change))
         reply = list(tokens[end : max(end, min(int(turn.observation_end), len(tokens)))])
         since_last_change = since_last_change + reply if turn.invalid_action else reply
-        penalty = config.invalid_action_penalty if turn.invalid_action else 0.0
-        rewards.append(config.turn_reward_coef * float(turn.reward) / scale - penalty)
+        rewards.append(_turn_reward(turn, scale, config))
     if rewards:
         rewards[-1] += outcome_reward(trajectory, config)
     return spans, states, rewards
