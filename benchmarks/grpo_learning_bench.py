@@ -333,6 +333,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="folder for the SFT'd policy: saved there after the warm-up, reused (no warm-up) when it exists",
     )
     args = parser.parse_args(argv)
+    if args.step_group_coef < 0:
+        parser.error(f"--step-group-coef must be >= 0, not {args.step_group_coef}")
+    if not 0.0 <= args.step_group_gamma <= 1.0:
+        parser.error(f"--step-group-gamma must be in [0, 1], not {args.step_group_gamma}")
     warm = Path(args.warm_start) if args.warm_start else None
     if warm is not None and warm.exists() and not (warm / "config.json").is_file():
         # Checked now: the warm-up would run for minutes and then fail to save there.

@@ -49,3 +49,23 @@ def test_learning_bench_rejects_a_warm_start_folder_without_a_policy(tmp_path: P
         bench.parse_args(["--warm-start", str(tmp_path)])
     assert exited.value.code == 2
     assert bench.parse_args(["--warm-start", str(tmp_path / "new")]).warm_start == str(tmp_path / "new")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--step-group-coef", "-1"], "--step-group-coef must be >= 0"),
+        (["--step-group-gamma", "1.5"], "--step-group-gamma must be in [0, 1]"),
+    ],
+)
+def test_learning_bench_rejects_bad_step_group_settings(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = importlib.util.spec_from_file_location("grpo_learning_bench_flags", BENCH)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit) as exited:
+        bench.parse_args(flags)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
