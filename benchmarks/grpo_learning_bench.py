@@ -56,6 +56,7 @@ from agentgym.proto import rl_pb2
 from agentgym.rollout.episode import EpisodeSettings, Sample, run_episode
 from agentgym.rollout.prompts import template_for
 from agentgym.rollout.tokens import ChatTokenizer
+from agentgym.seeding import derive_seed
 from agentgym.trainer.config import EnvironmentConfig, RLTrainerConfig
 from agentgym.trainer.loop import build_warmup_examples
 from agentgym.trainer.trainer import RLTrainer
@@ -133,10 +134,13 @@ async def play(
     samples: int,
     args: argparse.Namespace,
     step: int,
-    seed_base: int,
+    seed_label: str,
     horizon: int,
 ) -> list[rl_pb2.Trajectory]:
-    """``samples`` episodes of each task, concurrently; episode ``k`` of a task is seeded ``seed_base + k``."""
+    """``samples`` episodes of each task, concurrently, each seeded by ``(seed_label, task, k)``.
+
+    Hashed seeds: episodes never share a random stream (see `agentgym.seeding`).
+    """
     sessions = InProcessEnvironments(env_settings)
     policy = EnginePolicy(engine)
     template = template_for(ENVIRONMENT)
@@ -155,7 +159,7 @@ async def play(
             max_tokens_per_turn=args.max_tokens_per_turn,
             temperature=args.temperature,
             top_p=1.0,
-            seed=seed_base + k,
+            seed=derive_seed(seed_label, task_id, k),
             policy_version=engine.policy_version,
         )
         return await run_episode(request, sessions, policy, chat, template, settings)
@@ -227,7 +231,7 @@ async def main(args: argparse.Namespace) -> int:
     async def evaluate(label: str) -> tuple[float, float]:
         started = time.perf_counter()
         episodes = await play(
-            engine, chat, env_settings, eval_tasks, args.eval_samples, args, -1, 7_000_000, args.horizons[-1]
+            engine, chat, env_settings, eval_tasks, args.eval_samples, args, -1, "eval", args.horizons[-1]
         )
         rate, error = success_with_error(episodes)
         print(
@@ -261,7 +265,7 @@ async def main(args: argparse.Namespace) -> int:
         step_started = time.perf_counter()
         tasks = rng.sample(train_tasks, args.tasks)
         horizon = trainer.horizon  # the ScalingInter stage of this step
-        episodes = await play(engine, chat, env_settings, tasks, args.group, args, step, 1000 * step, horizon)
+        episodes = await play(engine, chat, env_settings, tasks, args.group, args, step, f"{args.seed}/{step}", horizon)
         rollout_seconds = time.perf_counter() - step_started
         metrics = trainer.train_step(episodes)
         await serve_current_policy()

@@ -16,6 +16,7 @@ from agentgym.rollout.episode import EpisodeSettings, PolicyError, Sample, run_e
 from agentgym.rollout.policy import InferencePolicy
 from agentgym.rollout.prompts import template_for
 from agentgym.rollout.tokens import ChatTokenizer
+from agentgym.seeding import derive_seed
 
 
 class RecordingPolicy:
@@ -26,9 +27,11 @@ class RecordingPolicy:
         self.samples: list[Sample] = []
         self.failures = list(failures or [])
         self.calls = 0
+        self.seeds: list[object] = []
 
     async def sample(self, prompt_ids: list[int], **kwargs: object) -> Sample:
         self.calls += 1
+        self.seeds.append(kwargs.get("seed"))
         if self.failures:
             raise self.failures.pop(0)
         sample = await self.inner.sample(prompt_ids, **kwargs)  # type: ignore[arg-type]
@@ -104,6 +107,19 @@ async def test_token_in_token_out_invariants(
     offset = len(trajectory.prompt_token_ids)
     rescored = [float(scores[offset + i - 1, response[i]]) for i in sorted(sampled_positions)]
     assert rescored == pytest.approx([logprobs[i] for i in sorted(sampled_positions)], abs=2e-3)
+
+
+async def test_each_turn_samples_from_its_own_stream(inference_url: str, babyai_url: str, chat: ChatTokenizer) -> None:
+    seeded = request(max_turns=3)
+    _, policy = await play(inference_url, babyai_url, chat, seeded)
+    assert policy.seeds == [derive_seed(7, "turn", t) for t in range(len(policy.seeds))]
+    # Not ``seed + turn``: turn 1 of the episode seeded 7 must not replay turn 0 of the episode seeded 8.
+    neighbour = {derive_seed(8, "turn", t) for t in range(3)}
+    assert len(set(policy.seeds)) == len(policy.seeds) and not neighbour & set(policy.seeds)
+    unseeded = request(max_turns=2)
+    unseeded.seed = 0  # proto3's unset value: every turn unseeded
+    _, policy = await play(inference_url, babyai_url, chat, unseeded)
+    assert policy.seeds == [None] * len(policy.seeds) and policy.seeds
 
 
 async def test_horizon_truncates(inference_url: str, babyai_url: str, chat: ChatTokenizer) -> None:

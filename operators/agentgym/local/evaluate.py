@@ -28,6 +28,7 @@ from agentgym.rollout.episode import EpisodeSettings, run_episode
 from agentgym.rollout.policy import InferencePolicy
 from agentgym.rollout.prompts import template_for
 from agentgym.rollout.tokens import ChatTokenizer
+from agentgym.seeding import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +116,9 @@ async def play_split(settings: EvalSettings, inference_url: str, env_url: str, c
     """Play ``settings`` against running services (inference at ``inference_url``, the environment at ``env_url``).
 
     Returns ``{"by_max_turns": {"<turns>": summary}}``, one :func:`summarise` summary (plus ``turns_mean``,
-    ``errors``, ``seconds``) per max-turn budget. Each episode is seeded from ``settings.seed`` and its
-    sample index, so the same policy plays the same episodes.
+    ``errors``, ``seconds``) per max-turn budget. Each episode is seeded from ``settings.seed``, its task
+    and its sample index (hashed: no two episodes share a random stream), so the same policy plays the same
+    episodes, at every max-turn budget.
     """
     task_ids = eval_task_ids(settings.environment, settings.split, settings.tasks, settings.spread)
     semaphore = asyncio.Semaphore(settings.concurrency)
@@ -140,7 +142,7 @@ async def play_split(settings: EvalSettings, inference_url: str, env_url: str, c
                     max_tokens_per_turn=settings.max_tokens_per_turn,
                     temperature=settings.temperature,
                     top_p=1.0,
-                    seed=settings.seed * 100_003 + sample + 1,
+                    seed=derive_seed("eval", settings.seed, task_id, sample),
                 )
                 async with semaphore:
                     return await run_episode(request, env, policy, chat, template, episode_settings)

@@ -17,7 +17,6 @@ Control messages go to the run's control subjects with ids ``"{run}/weights/{ver
 
 from __future__ import annotations
 
-import hashlib
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +27,7 @@ from nats.js import JetStreamContext
 
 from agentgym.messaging import RunChannels, publish_message
 from agentgym.proto import rl_pb2
+from agentgym.seeding import derive_seed
 from agentgym.trainer.config import RLTrainerConfig
 from agentgym.trainer.curriculum import CurriculumState
 
@@ -80,11 +80,6 @@ class ServiceCatalog:
                     ids.extend(page)
             self._ids[split] = ids
         return self._ids[split][index]
-
-
-def _request_seed(*parts: object) -> int:
-    digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:4], "little") % (2**31 - 1) + 1  # non-zero: 0 means "unseeded"
 
 
 class RequestPublisher:
@@ -156,7 +151,7 @@ class RequestPublisher:
                         max_tokens_per_turn=c.max_tokens_per_turn,
                         temperature=c.temperature,
                         top_p=c.top_p,
-                        seed=_request_seed(c.seed, c.run, step, k, sample),
+                        seed=derive_seed(c.seed, c.run, step, k, sample),
                     )
                 )
         return requests

@@ -23,6 +23,7 @@ from agentgym.proto import rl_pb2
 from agentgym.rollout.parsing import parse_action
 from agentgym.rollout.prompts import PromptTemplate
 from agentgym.rollout.tokens import ChatTokenizer
+from agentgym.seeding import derive_seed
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -233,7 +234,8 @@ class _Episode:
 
     async def _sample(self, turn_index: int, max_tokens: int) -> Sample:
         request = self.request
-        seed = request.seed + turn_index if request.seed else None
+        # Hashed, not ``seed + turn``: that would give turn 1 of one episode the stream of turn 0 of the next.
+        seed = derive_seed(request.seed, "turn", turn_index) if request.seed else None
         context = self.prompt + self.response
         with self.tracer.start_as_current_span("chat") as span:
             span.set_attributes(
