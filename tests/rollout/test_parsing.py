@@ -14,7 +14,7 @@ from agentgym.rollout.prompts import TEMPLATES, template_for
         ("Thought: the ball is ahead.\nAction: move forward", "move forward"),
         ("Thought: x\nAction: go to red ball 1.", "go to red ball 1"),
         ("Thought: x\n**Action:** `pick up red key 1`", "pick up red key 1"),
-        ("Action: turn left\nThought: no wait\nAction: turn right", "turn right"),  # the last one counts
+        ("Thought: the action: turn left is wrong\nAction: turn right", "turn right"),  # only lines that start so
         (
             "thought: lowercase works\naction:  craft 4 oak planks using 1 oak logs  ",
             "craft 4 oak planks using 1 oak logs",
@@ -30,6 +30,21 @@ def test_thought_action(text: str, expected: str) -> None:
 def test_thought_action_missing(text: str) -> None:
     parsed = parse_action("thought_action", text)
     assert parsed.action is None and parsed.error is not None and "Action: <one action>" in parsed.error
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Action: turn left\nThought: no wait\nAction: turn right",
+        "Thought: x\nAction: turn left.\nAction: turn left",
+        "Thought: x\nAction: go to red ball 1\n**Action:** `turn right`",
+    ],
+)
+def test_thought_action_refuses_several_actions(text: str) -> None:
+    parsed = parse_action("thought_action", text)
+    assert parsed.action is None and parsed.error is not None
+    assert parsed.error.startswith('Found 2 "Action:" lines; give exactly one.')
+    assert "Action: <one action>" in parsed.error
 
 
 def test_search_tags() -> None:

@@ -36,7 +36,13 @@ def parse_action(action_format: ActionFormat, text: str) -> ParsedAction:
         matches = _ACTION_LINE.findall(text)
         if not matches:
             return ParsedAction(None, f"No action found. {FORMAT_HELP[action_format]}")
-        action = matches[-1].strip().strip("`").strip()
+        if len(matches) > 1:
+            # Taking the last (or first) would let a policy hedge, listing several actions and being
+            # credited for whichever is read: under RL it learns exactly that. One reply, one action.
+            return ParsedAction(
+                None, f'Found {len(matches)} "Action:" lines; give exactly one. {FORMAT_HELP[action_format]}'
+            )
+        action = matches[0].strip().strip("`").strip()
         # Models often close with punctuation or quotes around the action.
         action = action.rstrip(".").strip().strip('"').strip("'").strip()
         if not action:
