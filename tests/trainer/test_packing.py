@@ -144,3 +144,79 @@ def test_score_masks_restrict_the_head(tiny_model: Path) -> None:
         torch.testing.assert_close(out.logprobs[k][mask], reference[mask], atol=1e-5, rtol=1e-5)
         assert bool((out.logprobs[k][~mask] == 0).all())
         assert out.entropy is not None and bool((out.entropy[k][~mask] == 0).all())
+
+
+def test_shared_prompt_layout_positions_and_mask() -> None:
+    # Sequences 0 and 1 start with the prompt [1, 2, 3]; sequence 2 has a prompt of its own.
+    [row] = pack_sequences([[1, 2, 3, 10, 11], [1, 2, 3, 12], [4, 5, 6]], [3, 3, 2], 20, share_prompts=True)
+    assert row.input_ids.tolist() == [1, 2, 3, 10, 11, 12, 4, 5, 6]
+    assert row.position_ids.tolist() == [0, 1, 2, 3, 4, 3, 0, 1, 2]  # response 1 continues its prompt
+    assert [s.shares_prompt for s in row.segments] == [False, True, False]
+    mask = row.attention_mask("sdpa")
+    assert mask is not None
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 1, 0, 0, 0],  # token 12: the shared prompt and itself, not response 0
+            [0, 0, 0, 0, 0, 0, 1, 0, 0],
+            [0, 0, 0, 0, 0, 0, 1, 1, 0],
+            [0, 0, 0, 0, 0, 0, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(mask[0, 0], expected)
+    # Token 12 is scored by the prompt's last token (position 2), token 6 by token 5.
+    assert row.score_positions().tolist() == [2, 3, 2, 7]
+    assert row.score_labels().tolist() == [10, 11, 12, 6]
+    with pytest.raises(ValueError, match="dense attention mask"):
+        row.attention_mask("flash_attention_2")
+    # Without sharing, the same sequences keep a prompt each.
+    rows = pack_sequences([[1, 2, 3, 10, 11], [1, 2, 3, 12], [4, 5, 6]], [3, 3, 2], 20)
+    assert sum(r.num_tokens for r in rows) == 12 and rows[0].attention_mask("flash_attention_2") is None
+
+
+def test_shared_prompt_blocks_respect_the_row_size() -> None:
+    prompt = list(range(100, 110))
+    sequences = [prompt + [k] * 6 for k in range(5)]  # 10 + 5 x 6 = 40 tokens shared
+    rows = pack_sequences(sequences, [10] * 5, 24, share_prompts=True)
+    # A block holds the prompt and as many responses as fit in 24 tokens: 10 + 2 x 6 each, then 10 + 6.
+    assert sorted(r.num_tokens for r in rows) == [16, 22, 22]
+    assert sorted(s.index for r in rows for s in r.segments) == list(range(5))
+    assert all(r.input_ids[:10].tolist() == prompt for r in rows)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_shared_prompt_logprobs_and_gradients_equal_unpacked(tiny_model: Path, attn: str) -> None:
+    model = _load(tiny_model, attn)
+    rng = random.Random(11)
+    prompts = [[rng.randrange(100, 40000) for _ in range(n)] for n in (14, 9)]
+    responses = [[rng.randrange(100, 40000) for _ in range(n)] for n in (6, 1, 11, 7, 3)]
+    owners = [0, 0, 0, 1, 1]  # three samples of prompt 0, two of prompt 1
+    sequences = [prompts[o] + r for o, r in zip(owners, responses, strict=True)]
+    starts = [len(prompts[o]) for o in owners]
+    masks = [torch.tensor([k % 3 != 1 for k in range(len(r))]) for r in responses]
+    rows = pack_sequences(sequences, starts, 64, score_masks=masks, share_prompts=True)
+    assert sum(r.num_tokens for r in rows) == 14 + 9 + sum(len(r) for r in responses)
+    total = torch.zeros(())
+    for row in rows:
+        out = forward_packed(model, row, with_entropy=True, chunk_tokens=4)
+        for segment, logp in zip(row.segments, out.logprobs, strict=True):
+            i = segment.index
+            with torch.no_grad():
+                reference = response_logprobs_unpacked(model, sequences[i], starts[i])
+            torch.testing.assert_close(logp[masks[i]], reference[masks[i]], atol=1e-5, rtol=1e-5)
+            total = total + logp.sum()
+    total.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    separate = sum(
+        response_logprobs_unpacked(model, s, st)[m].sum() for s, st, m in zip(sequences, starts, masks, strict=True)
+    )
+    separate.backward()  # type: ignore[union-attr]
+    for name, param in model.named_parameters():
+        assert param.grad is not None
+        torch.testing.assert_close(grads[name], param.grad, atol=1e-5, rtol=1e-4)

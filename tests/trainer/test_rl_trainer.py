@@ -184,6 +184,41 @@ def test_gradient_checkpointing_gives_the_same_update(
         torch.testing.assert_close(value, checkpointed.policy.state_dict()[name], atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_shared_prompts_give_the_same_update_on_fewer_tokens(
+    algorithm: str,
+    config_factory: Callable[..., Any],
+    make_batch: Callable[..., list[rl_pb2.Trajectory]],
+    tmp_path: Path,
+) -> None:
+    batch = make_batch(8, 0, groups=2, group_size=4)
+    prompts = {t.group_id: list(t.prompt_token_ids) for t in reversed(batch)}  # each group's first sample's
+    for t in batch:  # a group's samples start from one prompt, as the rollout workers' do
+        del t.prompt_token_ids[:]
+        t.prompt_token_ids.extend(prompts[t.group_id])
+    # adam_eps 1e-4: Adam's first step is ~lr * sign(g), so float noise on a gradient near 0 (summed in
+    # another order here) could flip a whole step; with a larger eps such updates stay ~linear in g.
+    trainers = {
+        share: RLTrainer(
+            config_factory(
+                output_dir=tmp_path / str(share),
+                algorithm=algorithm,
+                share_prompts=share,
+                kl_coef=0.01,
+                adam_eps=1e-4,
+            )
+        )
+        for share in (False, True)
+    }
+    separate, shared = (trainers[share].train_step(batch) for share in (False, True))
+    prompt_tokens = sum(len(t.prompt_token_ids) for t in batch)
+    distinct_prompt_tokens = sum(len(t.prompt_token_ids) for t in batch if t.sample_index == 0)
+    assert separate.train["tokens"] - shared.train["tokens"] == prompt_tokens - distinct_prompt_tokens
+    assert separate.train["grad_norm"] == pytest.approx(shared.train["grad_norm"], rel=1e-4)
+    for name, value in trainers[False].policy.state_dict().items():
+        torch.testing.assert_close(value, trainers[True].policy.state_dict()[name], atol=1e-6, rtol=1e-5)
+
+
 def test_bf16_autocast_step_runs(
     config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]]
 ) -> None:

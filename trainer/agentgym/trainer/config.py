@@ -138,6 +138,9 @@ class RLTrainerConfig:
     """Packed tokens per forward row (one row per forward/backward, no padding)."""
     logits_chunk_tokens: int = 4096
     """Response positions per LM-head chunk (bounds the ``[tokens, vocab]`` logits)."""
+    share_prompts: bool = True
+    """Forward a prompt once for all the sequences that start with it (a group's samples); with sdpa /
+    eager attention only (the flash and flex kernels pack by position ids and get separate copies)."""
     total_steps: int = 300
     checkpoint_every: int = 1
     keep_checkpoints: int = 3

@@ -26,6 +26,15 @@ kernels attention costs ``O(sum len_i^2)`` and long rows are free.
 transformers passes a 4-D mask through unchanged (``masking_utils``), so the packed forward
 computes exactly what separate forwards of the sequences compute (tested).
 
+Shared prompts (``share_prompts=True``): the samples of a GRPO/RLOO group start from one prompt,
+and the prompt is often most of each sequence (a BabyAI prompt is ~380 tokens; a one-turn reply
+~30). Sequences with identical prompts are then packed as one block ``prompt | response_1 |
+response_2 | ...``: the prompt is forwarded once, each response continues the prompt's position ids
+and attends to the prompt and to itself only, so every response token gets exactly the log-prob a
+separate forward gives it (tested) and the backward pass sums the prompt's gradient over the
+responses. Needs a dense mask (sdpa / eager); the flash and flex kernels only see restarting
+position ids, so ``attention_mask`` refuses a shared row for them.
+
 Only the positions that score a response token go through the LM head (``hidden[p]`` scores token
 ``p + 1``): prompt positions never need logits, which saves the ``[N, vocab]`` logits of the
 prompt. The head runs in chunks; with ``checkpoint_chunks`` each chunk's logits are recomputed in
@@ -60,13 +69,23 @@ class Segment:
     """One sequence inside a packed row."""
 
     index: int  # the sequence's index in the caller's list
-    offset: int  # first token of the sequence in the row
+    offset: int  # first token of the sequence's prompt in the row
     length: int  # tokens of the sequence (prompt + response)
     response_start: int  # first response token, relative to the sequence (= prompt length)
+    response_offset: int = -1  # first response token in the row; -1: right after the prompt (not shared)
 
     @property
     def response_length(self) -> int:
         return self.length - self.response_start
+
+    @property
+    def response_at(self) -> int:
+        """Row position of the first response token."""
+        return self.offset + self.response_start if self.response_offset < 0 else self.response_offset
+
+    @property
+    def shares_prompt(self) -> bool:
+        return self.response_at != self.offset + self.response_start
 
 
 @dataclass
@@ -87,26 +106,33 @@ class PackedRow:
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def segment_ids(self) -> Tensor:
-        """``[N]``: which segment each token belongs to."""
-        ids = torch.empty(self.num_tokens, dtype=torch.long)
-        for k, segment in enumerate(self.segments):
-            ids[segment.offset : segment.offset + segment.length] = k
-        return ids
-
     def attention_mask(self, kind: str, dtype: torch.dtype = torch.float32, device: Any = None) -> Tensor | None:
-        """The block-diagonal causal mask ``[1, 1, N, N]`` for attention implementation ``kind``.
+        """The causal mask ``[1, 1, N, N]`` for attention implementation ``kind``.
 
-        None for the flash / flex kernels: transformers derives the packed layout from the
-        restarting position ids (varlen flash attention; a sparse BlockMask for flex attention).
+        A token attends to the tokens before it of its own sequence: its prompt (shared or not) and
+        its own response. None for the flash / flex kernels: transformers derives the packed layout
+        from the restarting position ids (varlen flash attention; a sparse BlockMask for flex
+        attention), which cannot express a shared prompt.
         """
         if kind.startswith("flash_attention") or kind == "flex_attention":
+            if any(segment.shares_prompt for segment in self.segments):
+                raise ValueError(f"a row with shared prompts needs a dense attention mask (sdpa or eager), not {kind}")
             return None
-        seg = self.segment_ids().to(device)
         n = self.num_tokens
+        # block: the row position of the prompt a token belongs to; member: its segment, -1 on prompts.
+        block = torch.full((n,), -1, dtype=torch.long)
+        member = torch.full((n,), -1, dtype=torch.long)
+        for k, segment in enumerate(self.segments):
+            block[segment.offset : segment.offset + segment.response_start] = segment.offset
+            response = slice(segment.response_at, segment.response_at + segment.response_length)
+            block[response] = segment.offset
+            member[response] = k
+        block, member = block.to(device), member.to(device)
         causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-        allowed = causal & (seg[:, None] == seg[None, :])
-        allowed = allowed.view(1, 1, n, n)
+        same_sequence = (block[:, None] == block[None, :]) & (
+            (member[None, :] == -1) | (member[:, None] == member[None, :])
+        )
+        allowed = (causal & same_sequence).view(1, 1, n, n)
         if kind == "sdpa":
             return allowed
         zero = torch.zeros((), dtype=dtype, device=device)
@@ -121,13 +147,21 @@ class PackedRow:
         return torch.nonzero(self.score_masks[k][:n], as_tuple=False).flatten()
 
     def score_positions(self) -> Tensor:
-        """Row positions whose hidden state scores a response token, in segment order."""
-        parts = [s.offset + s.response_start - 1 + self._scored(k) for k, s in enumerate(self.segments)]
+        """Row positions whose hidden state scores a response token, in segment order.
+
+        Response token ``r`` is scored by the token before it: response token ``r - 1``, or for
+        ``r = 0`` the prompt's last token (which, shared, is not right before the response).
+        """
+        parts = []
+        for k, s in enumerate(self.segments):
+            scored = self._scored(k)
+            before = s.response_at + scored - 1
+            parts.append(torch.where(scored == 0, s.offset + s.response_start - 1, before))
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
 
     def score_labels(self) -> Tensor:
         """The response tokens scored at :meth:`score_positions`."""
-        parts = [self.input_ids[s.offset + s.response_start + self._scored(k)] for k, s in enumerate(self.segments)]
+        parts = [self.input_ids[s.response_at + self._scored(k)] for k, s in enumerate(self.segments)]
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
 
     def split_scores(self, values: Tensor) -> list[Tensor]:
@@ -174,10 +208,13 @@ def pack_sequences(
     response_starts: Sequence[int],
     max_tokens: int,
     score_masks: Sequence[Tensor] | None = None,
+    share_prompts: bool = False,
 ) -> list[PackedRow]:
     """Pack token sequences into rows; ``response_starts[i]`` is the prompt length of sequence ``i`` (>= 1).
 
     ``score_masks[i]`` (optional) marks the response tokens of sequence ``i`` that need scores.
+    ``share_prompts``: sequences with identical prompts share one copy of it (see the module notes);
+    a block of one prompt and its responses holds at most ``max_tokens`` tokens (at least one response).
     """
     if len(sequences) != len(response_starts):
         raise ValueError("one response start per sequence")
@@ -186,17 +223,43 @@ def pack_sequences(
     for i, (seq, start) in enumerate(zip(sequences, response_starts, strict=True)):
         if not 1 <= start <= len(seq):
             raise ValueError(f"sequence {i}: response start {start} outside [1, {len(seq)}] (a prompt is needed)")
+    # Blocks: the sequences that share one copy of a prompt (one sequence each without sharing).
+    blocks: list[list[int]] = []
+    if share_prompts:
+        by_prompt: dict[tuple[int, ...], list[list[int]]] = {}
+        for i, seq in enumerate(sequences):
+            prompt = tuple(seq[: response_starts[i]])
+            members = by_prompt.setdefault(prompt, [[]])
+            last = members[-1]
+            used = len(prompt) + sum(len(sequences[j]) - response_starts[j] for j in last)
+            if last and used + len(seq) - len(prompt) > max_tokens:
+                members.append(last := [])
+            last.append(i)
+        blocks = [block for members in by_prompt.values() for block in members]
+    else:
+        blocks = [[i] for i in range(len(sequences))]
+
+    def block_length(block: list[int]) -> int:
+        return response_starts[block[0]] + sum(len(sequences[i]) - response_starts[i] for i in block)
+
     rows = []
-    for indices in pack_lengths([len(s) for s in sequences], max_tokens):
+    for row_blocks in pack_lengths([block_length(b) for b in blocks], max_tokens):
         ids: list[int] = []
         positions: list[int] = []
         segments = []
-        for i in indices:
-            seq = list(sequences[i])
-            segments.append(Segment(i, len(ids), len(seq), int(response_starts[i])))
-            ids.extend(seq)
-            positions.extend(range(len(seq)))
-        masks = None if score_masks is None else [torch.as_tensor(score_masks[i]).bool() for i in indices]
+        for b in row_blocks:
+            block = blocks[b]
+            prompt_length = response_starts[block[0]]
+            prompt_offset = len(ids)
+            ids.extend(sequences[block[0]][:prompt_length])
+            positions.extend(range(prompt_length))
+            for n, i in enumerate(block):
+                seq = list(sequences[i])
+                response_offset = len(ids) if n > 0 else -1
+                segments.append(Segment(i, prompt_offset, len(seq), prompt_length, response_offset))
+                ids.extend(seq[prompt_length:])
+                positions.extend(range(prompt_length, len(seq)))
+        masks = None if score_masks is None else [torch.as_tensor(score_masks[s.index]).bool() for s in segments]
         rows.append(
             PackedRow(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), segments, masks)
         )

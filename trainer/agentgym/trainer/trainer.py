@@ -65,7 +65,7 @@ from agentgym.trainer.config import RLTrainerConfig
 from agentgym.trainer.critic import ValueModel
 from agentgym.trainer.losses import aggregate_loss, dpo_loss, kl_loss, kl_penalty, policy_loss, value_loss
 from agentgym.trainer.metrics import MetricsSink, flatten_metrics, rollout_metrics
-from agentgym.trainer.packing import PackedRow, SequenceOutputs, forward_packed, pack_sequences
+from agentgym.trainer.packing import PackedRow, SequenceOutputs, attention_kind, forward_packed, pack_sequences
 from agentgym.trainer.rewards import token_rewards, trajectory_scores, turn_states, turn_validity
 
 log = logging.getLogger(__name__)
@@ -345,6 +345,12 @@ class RLTrainer:
         sampled = sampled * mask
         return _Batch(list(trajectories), seqs, starts, mask, sampled, lengths)
 
+    def _shares_prompts(self) -> bool:
+        """Whether rows may share prompts: every model that reads them takes a dense attention mask."""
+        models = [m for m in (self.policy, self.reference, self.critic) if m is not None]
+        dense = all(attention_kind(m) in ("sdpa", "eager") for m in models)
+        return self.config.share_prompts and dense
+
     def _pack(self, batch: _Batch, indices: Sequence[int]) -> list[tuple[PackedRow, list[int]]]:
         """Rows for ``indices`` of ``batch``; each with the batch indices of its segments."""
         rows = pack_sequences(
@@ -352,6 +358,7 @@ class RLTrainer:
             [batch.starts[i] for i in indices],
             self.config.micro_batch_tokens,
             score_masks=[batch.mask[i, : batch.lengths[i]] != 0 for i in indices],
+            share_prompts=self._shares_prompts(),
         )
         return [(row, [indices[s.index] for s in row.segments]) for row in rows]
 
