@@ -1,0 +1,40 @@
+"""benchmarks/shared_prompt_bench.py runs end to end on a small batch (the figures are measured by hand)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "shared_prompt_bench.py"
+
+
+def test_shared_prompt_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("shared_prompt_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--groups", "2", "--group-size", "2", "--repeats", "1", "--no-bf16"]) == 0
+    out = capsys.readouterr().out
+    copies = re.search(r"a prompt copy per sample: update ([\d.]+) s .*, (\d+) tokens forwarded", out)
+    shared = re.search(r"shared prompts: update ([\d.]+) s .*, (\d+) tokens forwarded", out)
+    assert copies is not None and shared is not None, out
+    assert float(copies[1]) > 0 and float(shared[1]) > 0
+    assert int(shared[2]) < int(copies[2])  # each group's prompt forwarded once
+    assert "speed-up:" in out
+    gap = re.search(r"agree within ([\d.e+-]+) ", out)
+    assert gap is not None and float(gap[1]) < 1e-3  # the same update, summed in another order
+
+
+def test_batch_shares_one_prompt_per_group() -> None:
+    spec = importlib.util.spec_from_file_location("shared_prompt_bench_batch", BENCH)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    batch = bench.babyai_shaped_batch(3, 4, 1000, 0)
+    assert len(batch) == 12
+    prompts = {t.group_id: list(t.prompt_token_ids) for t in batch}
+    assert all(list(t.prompt_token_ids) == prompts[t.group_id] for t in batch) and len(prompts) == 3
+    assert all(len(t.loss_mask) == len(t.response_token_ids) == len(t.sampled_logprobs) for t in batch)
