@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -31,40 +30,20 @@ from agentgym.proto import rl_pb2
 from agentgym.trainer.config import RLTrainerConfig
 from agentgym.trainer.trainer import RLTrainer
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the GPU bench next to this script makes the batch
+from trainer_gpu_bench import Profile, synthetic_batch
+
+BABYAI_PROFILE_PER_GROUP = {"prompt": (340, 420), "turns": (1, 5), "action": (20, 36), "observation": (40, 90)}
+
 
 def babyai_shaped_batch(groups: int, group_size: int, vocab: int, seed: int) -> list[rl_pb2.Trajectory]:
-    rng = random.Random(seed)
-    batch = []
-    for g in range(groups):
-        prompt = [rng.randrange(10, vocab) for _ in range(rng.randint(340, 420))]
-        for k in range(group_size):
-            response: list[int] = []
-            mask: list[int] = []
-            turns = rng.randint(1, 5)
-            for turn in range(turns):
-                n = rng.randint(20, 36)
-                response += [rng.randrange(10, vocab) for _ in range(n)]
-                mask += [1] * n
-                if turn < turns - 1:
-                    n = rng.randint(40, 90)
-                    response += [rng.randrange(10, vocab) for _ in range(n)]
-                    mask += [0] * n
-            won = rng.random() < 0.5
-            batch.append(
-                rl_pb2.Trajectory(
-                    trajectory_id=f"{g}/{k}",
-                    group_id=f"g{g}",
-                    sample_index=k,
-                    environment="babyai",
-                    prompt_token_ids=prompt,
-                    response_token_ids=response,
-                    loss_mask=mask,
-                    sampled_logprobs=[-1.0 if m else 0.0 for m in mask],
-                    final_score=1.0 if won else 0.0,
-                    success=won,
-                    termination=rl_pb2.TERMINATION_DONE,
-                )
-            )
+    """``groups`` x ``group_size`` trajectories; the samples of a group start from its first sample's prompt."""
+    profile = Profile(groups * group_size, **BABYAI_PROFILE_PER_GROUP)
+    batch = synthetic_batch(profile, vocab, seed, group_size)
+    prompts = {t.group_id: list(t.prompt_token_ids) for t in reversed(batch)}
+    for t in batch:
+        del t.prompt_token_ids[:]
+        t.prompt_token_ids.extend(prompts[t.group_id])
     return batch
 
 

@@ -96,7 +96,8 @@ GPU_PROFILE = Profile(64, (300, 700), (3, 8), (40, 160), (60, 300))
 SMOKE_PROFILE = Profile(8, (20, 40), (1, 3), (5, 15), (5, 20))
 
 
-def synthetic_batch(profile: Profile, vocab: int, seed: int) -> list[rl_pb2.Trajectory]:
+def synthetic_batch(profile: Profile, vocab: int, seed: int, group_size: int = 8) -> list[rl_pb2.Trajectory]:
+    """Random-id trajectories shaped by ``profile``; trajectory ``i`` is in group ``i // group_size``."""
     rng = random.Random(seed)
     batch = []
     for i in range(profile.sequences):
@@ -116,7 +117,8 @@ def synthetic_batch(profile: Profile, vocab: int, seed: int) -> list[rl_pb2.Traj
         batch.append(
             rl_pb2.Trajectory(
                 trajectory_id=f"t{i}",
-                group_id=f"g{i // 8}",
+                group_id=f"g{i // group_size}",
+                sample_index=i % group_size,
                 environment="textcraft",
                 prompt_token_ids=prompt,
                 response_token_ids=response,
