@@ -223,27 +223,24 @@ def pack_sequences(
     for i, (seq, start) in enumerate(zip(sequences, response_starts, strict=True)):
         if not 1 <= start <= len(seq):
             raise ValueError(f"sequence {i}: response start {start} outside [1, {len(seq)}] (a prompt is needed)")
-    # Blocks: the sequences that share one copy of a prompt (one sequence each without sharing).
+    # Blocks: the sequences that share one copy of a prompt (one sequence each without sharing), in
+    # first-appearance order; a block that would outgrow a row is closed and the prompt starts another.
     blocks: list[list[int]] = []
-    if share_prompts:
-        by_prompt: dict[tuple[int, ...], list[list[int]]] = {}
-        for i, seq in enumerate(sequences):
-            prompt = tuple(seq[: response_starts[i]])
-            members = by_prompt.setdefault(prompt, [[]])
-            last = members[-1]
-            used = len(prompt) + sum(len(sequences[j]) - response_starts[j] for j in last)
-            if last and used + len(seq) - len(prompt) > max_tokens:
-                members.append(last := [])
-            last.append(i)
-        blocks = [block for members in by_prompt.values() for block in members]
-    else:
-        blocks = [[i] for i in range(len(sequences))]
-
-    def block_length(block: list[int]) -> int:
-        return response_starts[block[0]] + sum(len(sequences[i]) - response_starts[i] for i in block)
+    block_lengths: list[int] = []
+    open_block: dict[tuple[int, ...], int] = {}  # prompt -> the block its next response may join
+    for i, seq in enumerate(sequences):
+        prompt = tuple(seq[: response_starts[i]]) if share_prompts else (i,)
+        response_length = len(seq) - response_starts[i]
+        b = open_block.get(prompt)
+        if b is None or block_lengths[b] + response_length > max_tokens:
+            open_block[prompt] = b = len(blocks)
+            blocks.append([])
+            block_lengths.append(response_starts[i])
+        blocks[b].append(i)
+        block_lengths[b] += response_length
 
     rows = []
-    for row_blocks in pack_lengths([block_length(b) for b in blocks], max_tokens):
+    for row_blocks in pack_lengths(block_lengths, max_tokens):
         ids: list[int] = []
         positions: list[int] = []
         segments = []
