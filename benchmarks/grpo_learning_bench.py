@@ -234,6 +234,9 @@ def split_train_and_validation(
             break
         if layout not in excluded:
             validation.append(by_layout[layout][levels[len(validation) % len(levels)]])
+    if len(validation) < validation_size:
+        free = len(set(by_layout) - excluded)
+        raise ValueError(f"{validation_size} validation layouts asked; only {free} are not in the warm-up's demos")
     held_out = {layout_of(t) for t in validation}
     return validation, [t for t in split if layout_of(t) not in held_out]
 
@@ -246,9 +249,20 @@ def invalid_turn_rate(trajectories: Sequence[rl_pb2.Trajectory]) -> float:
 async def main(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     env_settings = {} if args.list_actions else {"list_actions": False}
-    work = Path(tempfile.mkdtemp(prefix="grpo-learning-"))
     warm_start = Path(args.warm_start) if args.warm_start else None
     reuse_warm_start = warm_start is not None and (warm_start / "config.json").is_file()
+    catalog = envs.environment_class(ENVIRONMENT).catalog()
+    test_tasks = list(catalog.task_ids("test-easy", limit=args.eval_tasks))
+    sft_task_ids = sample_task_ids(ENVIRONMENT, "train-easy", args.sft_tasks, args.seed)
+    if reuse_warm_start:
+        assert warm_start is not None
+        sft_task_ids = json.loads((warm_start / SFT_TASKS_FILE).read_text())
+    try:
+        validation_tasks, train_tasks = split_train_and_validation(catalog, args.validation_tasks, sft_task_ids)
+    except ValueError as error:
+        print(f"error: --validation-tasks: {error}", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="grpo-learning-"))
     config = RLTrainerConfig(
         model=str(warm_start) if reuse_warm_start else "builtin:tiny",
         output_dir=work,
@@ -281,13 +295,6 @@ async def main(args: argparse.Namespace) -> int:
     trainer = RLTrainer(config, write_metrics=False)
     chat = ChatTokenizer(trainer.tokenizer)
     engine = Engine(str(trainer.current_policy_dir), max_batch_size=64)
-    catalog = envs.environment_class(ENVIRONMENT).catalog()
-    test_tasks = list(catalog.task_ids("test-easy", limit=args.eval_tasks))
-    sft_task_ids = sample_task_ids(ENVIRONMENT, "train-easy", args.sft_tasks, args.seed)
-    if reuse_warm_start:
-        assert warm_start is not None
-        sft_task_ids = json.loads((warm_start / SFT_TASKS_FILE).read_text())
-    validation_tasks, train_tasks = split_train_and_validation(catalog, args.validation_tasks, sft_task_ids)
 
     async def serve_current_policy() -> None:
         await engine.load_weights(str(trainer.export_weights()), trainer.policy_version)
@@ -420,6 +427,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="folder for the SFT'd policy: saved there after the warm-up, reused (no warm-up) when it exists",
     )
     args = parser.parse_args(argv)
+    if args.validation_tasks < 1:
+        parser.error(f"--validation-tasks must be >= 1, not {args.validation_tasks}")
     if args.step_group_coef < 0:
         parser.error(f"--step-group-coef must be >= 0, not {args.step_group_coef}")
     if not 0.0 <= args.step_group_gamma <= 1.0:

@@ -88,6 +88,21 @@ def test_validation_layouts_are_held_out() -> None:
     held_out = {bench.layout_of(t) for t in validation}
     assert not held_out & {bench.layout_of(t) for t in train}
     assert len(train) == 3000 - 3 * 6 and "GoToRedBallNoDists/s1000999" in train
+    # More validation layouts than the warm-up left undemonstrated: refused, saying how many there are.
+    most_demonstrated = [f"GoToRedBall/s{1000000 + k}" for k in range(990)]
+    with pytest.raises(ValueError, match="11 validation layouts asked; only 10 are not in the warm-up's demos"):
+        bench.split_train_and_validation(catalog, 11, most_demonstrated)
+
+
+def test_learning_bench_refuses_bad_validation_sizes(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = load_bench("grpo_learning_bench_validation")
+    with pytest.raises(SystemExit) as exited:
+        bench.parse_args(["--validation-tasks", "0"])
+    assert exited.value.code == 2 and "--validation-tasks must be >= 1, not 0" in capsys.readouterr().err
+    # Too many: refused before any model is loaded or folder written.
+    args = bench.parse_args(["--validation-tasks", "2000", "--sft-tasks", "4"])
+    assert asyncio.run(bench.main(args)) == 2
+    assert "error: --validation-tasks: 2000 validation layouts asked; only" in capsys.readouterr().err
 
 
 def test_gain_is_paired_by_layout() -> None:
