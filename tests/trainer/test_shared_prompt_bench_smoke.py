@@ -5,17 +5,23 @@ from __future__ import annotations
 import importlib.util
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "shared_prompt_bench.py"
 
 
-def test_shared_prompt_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+def load_bench() -> Any:
     spec = importlib.util.spec_from_file_location("shared_prompt_bench", BENCH)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_shared_prompt_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = load_bench()
     assert bench.main(["--groups", "2", "--group-size", "2", "--repeats", "1", "--no-bf16"]) == 0
     out = capsys.readouterr().out
     copies = re.search(r"a prompt copy per sample: update ([\d.]+) s .*, (\d+) tokens forwarded", out)
@@ -29,10 +35,7 @@ def test_shared_prompt_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_batch_shares_one_prompt_per_group() -> None:
-    spec = importlib.util.spec_from_file_location("shared_prompt_bench_batch", BENCH)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench()
     batch = bench.babyai_shaped_batch(3, 4, 1000, 0)
     assert len(batch) == 12
     prompts = {t.group_id: list(t.prompt_token_ids) for t in batch}
