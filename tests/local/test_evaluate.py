@@ -49,11 +49,12 @@ def test_eval_command_sweeps_max_turns_with_environment_settings(tmp_path: Path)
     out = tmp_path / "eval.json"
     command = [*AGENTGYM, "eval", "builtin:tiny", "--env", "babyai", "--split", "test-easy", "--tasks", "3"]
     command += ["--samples", "2", "--max-turns", "1", "--max-turns", "2", "--max-tokens-per-turn", "8"]
-    command += ["--set", "list_actions=false", "--out", str(out)]
+    command += ["--top-p", "0.9", "--set", "list_actions=false", "--out", str(out)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(out.read_text())
     assert results["settings"]["env_settings"] == ["list_actions=false"]
+    assert results["settings"]["top_p"] == 0.9
     assert set(results["by_max_turns"]) == {"1", "2"}
     for turns, summary in results["by_max_turns"].items():
         assert summary["tasks"] == 3 and summary["episodes"] == 6
@@ -62,3 +63,5 @@ def test_eval_command_sweeps_max_turns_with_environment_settings(tmp_path: Path)
         assert summary["turns_mean"] <= int(turns)
     bad = subprocess.run([*command[:-4], "--set", "novalue"], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "--set expects KEY=VALUE" in bad.stderr
+    no_nucleus = subprocess.run([*command[:-6], "--top-p", "0"], capture_output=True, text=True, timeout=120)
+    assert no_nucleus.returncode == 2 and "--top-p must be in (0, 1], not 0.0" in no_nucleus.stderr

@@ -217,7 +217,12 @@ class RolloutSpec(SpecModel):
     """Tasks per training step; each is played groupSize times."""
     max_tokens_per_turn: int = Field(default=256, ge=1)
     temperature: float = Field(default=1.0, ge=0)
+    """Sampling temperature of rollouts and of the run's own evals."""
     top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling of rollouts and evals. Below 1 the tokens are drawn from a truncated distribution while the
+    trainer optimises the full one: negative advantages then push mass into the tail that is never sampled, and
+    nothing pulls it back (measured: GRPO on BabyAI with the tiny model, topP 0.95, entropy 0.2 -> 2.5 in 5 steps,
+    train success 0.81 at the first step, 0.03 at the third). Keep 1 for training."""
     max_staleness: int = Field(default=0, ge=0)
     """0: on-policy. n > 0: trajectories up to n policy versions old are trained on (async RL)."""
     workers: int = Field(default=1, ge=1)

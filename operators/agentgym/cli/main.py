@@ -144,6 +144,7 @@ def eval_command(
     samples: Annotated[int, typer.Option(min=1, max=64, help="Samples per task (k of pass@k, up to 64)")] = 4,
     max_turns: Annotated[list[int] | None, typer.Option(help="Max-turn budget; repeat for a sweep")] = None,
     temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling, in (0, 1] (a run's rollout.topP)")] = 1.0,
     max_tokens_per_turn: Annotated[int, typer.Option(min=1)] = 64,
     concurrency: Annotated[int, typer.Option(min=1)] = 32,
     seed: int = 0,
@@ -159,6 +160,8 @@ def eval_command(
     from agentgym.envs import ENVIRONMENT_CLASSES, UnknownTaskError, environment_class
     from agentgym.local.evaluate import EvalSettings, evaluate, write_results
 
+    if not 0.0 < top_p <= 1.0:
+        raise _fail(f"--top-p must be in (0, 1], not {top_p}")
     if environment not in ENVIRONMENT_CLASSES:
         raise _fail(f"--env: unknown environment {environment!r}; known: {', '.join(sorted(ENVIRONMENT_CLASSES))}")
     try:
@@ -174,6 +177,7 @@ def eval_command(
         samples=samples,
         max_turns=sorted(set(max_turns or [20])),
         temperature=temperature,
+        top_p=top_p,
         max_tokens_per_turn=max_tokens_per_turn,
         concurrency=concurrency,
         seed=seed,

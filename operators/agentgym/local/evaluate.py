@@ -59,6 +59,8 @@ class EvalSettings:
     samples: int = 4
     max_turns: list[int] = field(default_factory=lambda: [20])
     temperature: float = 1.0
+    top_p: float = 1.0
+    """Nucleus sampling, as the run's ``rollout.topP``: a policy is measured as it is sampled in training."""
     max_tokens_per_turn: int = 64
     max_context_tokens: int = 4096
     concurrency: int = 32
@@ -141,7 +143,7 @@ async def play_split(settings: EvalSettings, inference_url: str, env_url: str, c
                     max_turns=max_turns,
                     max_tokens_per_turn=settings.max_tokens_per_turn,
                     temperature=settings.temperature,
-                    top_p=1.0,
+                    top_p=settings.top_p,
                     seed=derive_seed("eval", settings.seed, task_id, sample),
                 )
                 async with semaphore:

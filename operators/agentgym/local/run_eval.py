@@ -3,7 +3,7 @@
 `agentgym run` measures what a run learned on each environment's ``evalSplit`` with the services the run
 already has (the inference server, the environment services), the same rollout loop, and a fixed set of
 episodes: the first ``tasks`` tasks of the split, ``samples`` seeded samples each, at the horizon of the
-final curriculum stage, with the run's sampling temperature and token budget. Three phases:
+final curriculum stage, sampled as the run samples (temperature, top-p) with its token budget. Three phases:
 
 ``start``  the initial policy, before any training;
 ``sft``    after the SFT warm-up (runs with ``trainer.sftWarmupSteps`` > 0), before the first RL step;
@@ -21,10 +21,13 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentgym.rollout.tokens import ChatTokenizer
-from agentgym.spec import TrainingRunSpec
+from agentgym.spec import EnvironmentSpec, TrainingRunSpec
+
+if TYPE_CHECKING:
+    from agentgym.local.evaluate import EvalSettings
 
 PHASES = ("start", "sft", "end")
 PHASE_LABELS = {"start": "before training", "sft": "after the SFT warm-up", "end": "at the end"}
@@ -108,6 +111,31 @@ def combine(phase: str, version: int, horizon: int, seconds: float, per_env: dic
     return PhaseResult(phase, version, horizon, success, variance**0.5, episodes, tasks, seconds, per_env)
 
 
+def eval_settings_for(
+    spec: TrainingRunSpec, env: EnvironmentSpec, settings: RunEvalSettings, horizon: int
+) -> EvalSettings:
+    """How one environment's eval episodes are played: sampled as the run samples its rollouts."""
+    from agentgym.local.evaluate import EvalSettings
+
+    # Leave the rollout workers their episodes: the service caps live episodes at maxEpisodes.
+    rollout_slots = spec.rollout.concurrency * spec.rollout.workers
+    concurrency = max(1, min(spec.inference.max_batch_size, env.max_episodes - rollout_slots))
+    return EvalSettings(
+        environment=env.name,
+        split=env.eval_split,
+        tasks=settings.tasks,
+        samples=settings.samples,
+        max_turns=[horizon],
+        temperature=spec.rollout.temperature,
+        top_p=spec.rollout.top_p,
+        max_tokens_per_turn=spec.rollout.max_tokens_per_turn,
+        max_context_tokens=spec.model.max_context_tokens,
+        concurrency=concurrency,
+        seed=spec.trainer.seed,
+        spread=True,
+    )
+
+
 async def evaluate_served_policy(
     spec: TrainingRunSpec,
     phase: str,
@@ -118,28 +146,13 @@ async def evaluate_served_policy(
     settings: RunEvalSettings,
 ) -> PhaseResult:
     """Play the eval episodes of every environment against the policy inference serves now."""
-    from agentgym.local.evaluate import EvalSettings, play_split
+    from agentgym.local.evaluate import play_split
 
     horizon = settings.horizon or eval_horizon(spec)
-    rollout_slots = spec.rollout.concurrency * spec.rollout.workers
     started = time.perf_counter()
     per_env: dict[str, dict[str, Any]] = {}
     for env in spec.environments:
-        # Leave the rollout workers their episodes: the service caps live episodes at maxEpisodes.
-        concurrency = max(1, min(spec.inference.max_batch_size, env.max_episodes - rollout_slots))
-        eval_settings = EvalSettings(
-            environment=env.name,
-            split=env.eval_split,
-            tasks=settings.tasks,
-            samples=settings.samples,
-            max_turns=[horizon],
-            temperature=spec.rollout.temperature,
-            max_tokens_per_turn=spec.rollout.max_tokens_per_turn,
-            max_context_tokens=spec.model.max_context_tokens,
-            concurrency=concurrency,
-            seed=spec.trainer.seed,
-            spread=True,
-        )
+        eval_settings = eval_settings_for(spec, env, settings, horizon)
         results = await play_split(eval_settings, inference_url, env_urls[env.name], chat)
         summary = dict(results["by_max_turns"][str(horizon)])
         summary["split"] = env.eval_split
