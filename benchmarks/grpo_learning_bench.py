@@ -173,7 +173,7 @@ async def play(
             max_turns=horizon,
             max_tokens_per_turn=args.max_tokens_per_turn,
             temperature=args.temperature,
-            top_p=1.0,
+            top_p=args.top_p,
             seed=derive_seed(seed_label, task_id, k),
             policy_version=engine.policy_version,
         )
@@ -360,6 +360,9 @@ async def main(args: argparse.Namespace) -> int:
     grpo_seconds = time.perf_counter() - grpo_started
     after = await evaluate(f"after {step} GRPO steps")
     engine.close()
+    if args.save_policy:
+        shutil.copytree(trainer.export_weights(), args.save_policy)
+        print(f"policy after GRPO saved to {args.save_policy}", flush=True)
 
     print()
     gains = {}
@@ -411,6 +414,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--stage-steps", type=int, default=4, help="GRPO steps per ScalingInter stage")
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument(
+        "--top-p",
+        type=float,
+        default=1.0,
+        help="nucleus sampling, in training and in the evals (below 1 destabilises GRPO: see RolloutSpec.top_p)",
+    )
     parser.add_argument("--max-tokens-per-turn", type=int, default=36)
     parser.add_argument("--max-context-tokens", type=int, default=2048)
     parser.add_argument("--micro-batch-tokens", type=int, default=2048)
@@ -426,9 +435,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="folder for the SFT'd policy: saved there after the warm-up, reused (no warm-up) when it exists",
     )
+    parser.add_argument("--save-policy", default=None, help="new folder for the policy after GRPO (to inspect it)")
     args = parser.parse_args(argv)
+    if args.save_policy and Path(args.save_policy).exists():
+        parser.error(f"--save-policy {args.save_policy}: exists; pick a new folder")
     if args.validation_tasks < 1:
         parser.error(f"--validation-tasks must be >= 1, not {args.validation_tasks}")
+    if not 0.0 < args.top_p <= 1.0:
+        parser.error(f"--top-p must be in (0, 1], not {args.top_p}")
     if args.step_group_coef < 0:
         parser.error(f"--step-group-coef must be >= 0, not {args.step_group_coef}")
     if not 0.0 <= args.step_group_gamma <= 1.0:

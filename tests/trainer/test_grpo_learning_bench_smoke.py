@@ -41,11 +41,17 @@ def test_learning_bench_smoke(capsys: pytest.CaptureFixture[str], tmp_path: Path
     assert len(json.loads((warm / "sft_task_ids.json").read_text())) == 4  # kept out of the validation layouts
     # A second run starts from the saved warm start, without the warm-up, and measures the same baseline.
     baseline = out.split(before)[1].split(" ")[0]
-    code = asyncio.run(bench.main(bench.parse_args([*argv[:-2], "--max-steps", "1", "--warm-start", str(warm)])))
+    trained = tmp_path / "trained"
+    rerun = [*argv[:-2], "--max-steps", "1", "--warm-start", str(warm), "--save-policy", str(trained)]
+    code = asyncio.run(bench.main(bench.parse_args(rerun)))
     again = capsys.readouterr().out
     assert code in (0, 1)
     assert "no warm-up run" in again and "SFT warm-up:" not in again
     assert f"{before}{baseline} " in again
+    assert f"policy after GRPO saved to {trained}" in again and (trained / "model.safetensors").is_file()
+    with pytest.raises(SystemExit) as exited:  # never written over
+        bench.parse_args(rerun)
+    assert exited.value.code == 2
 
 
 def load_bench(name: str) -> Any:
@@ -126,6 +132,7 @@ def test_gain_is_paired_by_layout() -> None:
     [
         (["--step-group-coef", "-1"], "--step-group-coef must be >= 0"),
         (["--step-group-gamma", "1.5"], "--step-group-gamma must be in [0, 1]"),
+        (["--top-p", "0"], "--top-p must be in (0, 1]"),
     ],
 )
 def test_learning_bench_rejects_bad_step_group_settings(
