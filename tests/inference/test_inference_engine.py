@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from agentgym.inference import engine as engine_module
 from agentgym.inference.engine import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -331,3 +333,56 @@ async def test_closing_fails_pending_requests_and_refuses_new_ones(fresh_engine:
         await running
     with pytest.raises(EngineClosedError):
         await engine.generate([1, 2, 3], SamplingParams(max_tokens=2))
+
+
+def test_nucleus_among_the_top_candidates_is_the_nucleus_of_the_whole_vocabulary() -> None:
+    generator = torch.Generator().manual_seed(0)
+    vocabulary = 5000
+
+    def nucleus_by_sorting(row: torch.Tensor, top_p: float) -> set[int]:
+        probs = torch.softmax(row.double(), dim=-1)
+        kept, mass = set(), 0.0
+        for token in torch.argsort(probs, descending=True).tolist():
+            if mass >= top_p:
+                break
+            kept.add(token)
+            mass += float(probs[token])
+        return kept
+
+    # Nuclei of 2, 1, 187, 4407 and 1333 tokens: inside 64 candidates, inside 1024, or only the whole vocabulary.
+    logits = torch.randn(5, vocabulary, generator=generator) * torch.tensor([8.0, 8.0, 4.0, 0.1, 0.1]).unsqueeze(1)
+    top_p = torch.tensor([0.9, 0.5, 0.95, 0.9, 0.3])
+    for width in (64, 1024, vocabulary):
+        probs, ids, inside = engine_module._nucleus(logits, top_p, width)
+        assert inside.tolist() == [True, True, width >= 1024, width == vocabulary, width == vocabulary]
+        assert probs.shape == ids.shape == (5, width)
+        for row in torch.nonzero(inside).flatten().tolist():
+            members = ids[row][probs[row] > 0].tolist()
+            assert set(members) == nucleus_by_sorting(logits[row], float(top_p[row]))
+            expected = torch.softmax(logits[row], dim=-1)[members]
+            assert probs[row][probs[row] > 0].tolist() == pytest.approx(expected.tolist(), rel=1e-5)
+            assert probs[row].tolist() == sorted(probs[row].tolist(), reverse=True)  # most likely first
+
+
+def test_rows_whose_nucleus_is_wide_are_sampled_from_all_of_it() -> None:
+    # Row 0: one token holds 0.99, its nucleus at 0.9 is that token. Row 1: 100 equally likely tokens, a nucleus of
+    # 90, wider than the first 64 candidates. Row 2: 5000 equally likely tokens, a nucleus of 4500, which no
+    # 1024 candidates can hold (sorted whole at once). Row 3 (top-p 1) keeps its two tokens.
+    logits = torch.full((4, 5000), -1e4)
+    logits[0, 7], logits[0, 8] = 10.0, 10.0 - math.log(99.0)
+    logits[1, :100] = 0.0
+    logits[2] = 0.0
+    logits[3, :2] = 0.0
+    draws = 2000
+    tokens = torch.stack(
+        [
+            sample_tokens(
+                logits, [1.0] * 4, [0.9, 0.9, 0.9, 1.0], [torch.Generator().manual_seed(4 * i + r) for r in range(4)]
+            )
+            for i in range(draws)
+        ]
+    )
+    assert set(tokens[:, 0].tolist()) == {7}
+    assert int(tokens[:, 1].max()) < 100 and 85 <= len(set(tokens[:, 1].tolist())) <= 90  # ~90 tokens, ~1/90 each
+    assert len(set(tokens[:, 2].tolist())) > 1024 and int(tokens[:, 2].max()) < 5000
+    assert set(tokens[:, 3].tolist()) == {0, 1}

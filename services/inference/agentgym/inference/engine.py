@@ -40,7 +40,9 @@ token or the token that completed a stop string (only `text` is cut before the s
 
 Sampling: `temperature` 0 is greedy; otherwise the logits are divided by the temperature, nucleus-filtered
 with `top_p`, and sampled with a per-sequence `torch.Generator` (seeded from the request's `seed` and the
-sample index, so a seeded request is reproducible when its batch composition is the same).
+sample index, so a seeded request is reproducible when its batch composition is the same). The nucleus is
+looked for among each row's most likely tokens (a top-k) before any whole vocabulary is sorted:
+`benchmarks/sampler_bench.py`.
 
 Logprobs: `logprobs[i]` is log p(token_i | context) under the model's unmodified distribution
 (log_softmax of the raw logits: temperature 1, no top-p) — the policy likelihood the trainer recomputes
@@ -1119,27 +1121,73 @@ def sample_tokens(
     """One token per row from softmax(logits / temperature), restricted to the row's top-p nucleus.
 
     Inverse-CDF sampling with one uniform draw from each row's own generator: the distribution of
-    `torch.multinomial`, at a fraction of the cost of one multinomial call per row.
+    `torch.multinomial`, at a fraction of the cost of one multinomial call per row. Rows with top-p 1
+    walk the CDF in vocabulary order; the others walk their nucleus, most likely token first.
     """
     scaled = logits
     if any(t != 1.0 for t in temperatures):  # x / 1 == x: skip a full-vocabulary pass in the common case
         temps = torch.tensor(temperatures, device=logits.device, dtype=logits.dtype).unsqueeze(1)
         scaled = logits / temps
-    top_p = torch.tensor(top_ps, device=logits.device, dtype=logits.dtype)
-    if bool((top_p < 1).any()):
-        scaled = _nucleus(scaled, top_p)
-    cdf = torch.softmax(scaled, dim=-1).cumsum_(dim=-1)
     uniforms = torch.stack([torch.rand((), generator=g, device=logits.device) for g in generators])
+    top_p = torch.tensor(top_ps, device=logits.device, dtype=logits.dtype)
+    truncated = top_p < 1
+    if not bool(truncated.any()):
+        return _inverse_cdf(torch.softmax(scaled, dim=-1), uniforms)
+    if bool(truncated.all()):
+        return _sample_nucleus(scaled, top_p, uniforms)
+    tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    whole, rows = torch.nonzero(~truncated).flatten(), torch.nonzero(truncated).flatten()
+    tokens[whole] = _inverse_cdf(torch.softmax(scaled[whole], dim=-1), uniforms[whole])
+    tokens[rows] = _sample_nucleus(scaled[rows], top_p[rows], uniforms[rows])
+    return tokens
+
+
+def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Per row, the column where the running sum of ``probs`` first exceeds ``uniform`` x the row's total."""
+    cdf = probs.cumsum(dim=-1)
     targets = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
-    return torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp(max=logits.shape[-1] - 1)
+    return torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
 
 
-def _nucleus(scaled: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose probability reaches `top_p` (per row); -inf the rest."""
-    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
-    sorted_probs = torch.softmax(sorted_logits, dim=-1)
-    before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the strictly more likely tokens
-    drop_sorted = before >= top_p.unsqueeze(1)
-    drop_sorted[:, 0] = False
-    drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-    return scaled.masked_fill(drop, float("-inf"))
+NUCLEUS_WIDTHS = (64, 1024)
+"""Candidates a row's nucleus is looked for among (`torch.topk`), in turn, before its whole vocabulary is sorted."""
+
+
+def _sample_nucleus(
+    scaled: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor, widths: Sequence[int] = NUCLEUS_WIDTHS
+) -> torch.Tensor:
+    """One token per row from its top-p nucleus, looked for among the first of ``widths`` candidates, the rows whose
+    nucleus is wider among the next, and so on; past the last, the whole vocabulary is sorted. A policy's nucleus
+    is a few tokens, and a top-k costs a fraction of a full sort at every decode step."""
+    vocabulary = scaled.shape[-1]
+    width = min(widths[0], vocabulary) if widths else vocabulary
+    probs, ids, inside = _nucleus(scaled, top_p, width)
+    tokens = ids.gather(1, _inverse_cdf(probs, uniforms).unsqueeze(1)).squeeze(1)
+    if bool(inside.all()):
+        return tokens
+    rows = torch.nonzero(~inside).flatten()
+    # Every token past the candidates is at most as likely as the last one (all candidates are kept in these rows):
+    # a wider set of candidates that cannot reach top_p even so is not worth a top-k.
+    held, smallest = probs[rows].sum(dim=-1), probs[rows, -1]
+    wider = [w for w in widths[1:] if bool((held + (w - width) * smallest >= top_p[rows]).any())]
+    tokens[rows] = _sample_nucleus(scaled[rows], top_p[rows], uniforms[rows], wider)
+    return tokens
+
+
+def _nucleus(scaled: torch.Tensor, top_p: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Among each row's ``width`` most likely tokens: its top-p nucleus and whether the nucleus lies inside them.
+
+    The nucleus is the smallest set of most likely tokens whose probability reaches ``top_p``. Returns the
+    candidates' probabilities (most likely first, 0 past the nucleus), their token ids, and per row whether the
+    candidates hold ``top_p`` of the mass: then the nucleus is inside them, exactly.
+    """
+    if width >= scaled.shape[-1]:
+        top_logits, ids = torch.sort(scaled, dim=-1, descending=True)
+    else:
+        top_logits, ids = scaled.topk(width, dim=-1)
+    probs = torch.exp(top_logits - torch.logsumexp(scaled, dim=-1, keepdim=True))
+    through = probs.cumsum(dim=-1)
+    keep = through - probs < top_p.unsqueeze(1)  # the mass of the strictly more likely tokens is short of top_p
+    keep[:, 0] = True
+    inside = (through[:, -1] >= top_p) | (width >= scaled.shape[-1])
+    return probs * keep, ids, inside
