@@ -68,6 +68,10 @@ class Supervisor:
         log_path = self.log_dir / f"{spec.name}.log"
         handle = log_path.open("ab")
         environment = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
+        # The run's processes share the machine's cores. OpenMP threads that busy-wait between parallel regions
+        # (libgomp's default) take the cores another process is computing on: inference evaluating while the
+        # trainer fine-tunes ran twice as long as with threads that sleep (benchmarks/cpu_sharing_bench.py).
+        environment.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         # A new session: Ctrl-C in the terminal reaches the runner only, which stops children in order.
         # The parent-death signal makes children exit even if the runner itself is killed.
         process = subprocess.Popen(
