@@ -21,15 +21,14 @@ trainer (`RLTrainer`: the SFT warm-up, then `train_step` with GRPO).
    ``--tasks`` train tasks x ``--group`` samples per step, fresh tasks every step, under the
    ScalingInter schedule ``--horizons`` (``--stage-steps`` steps per stage).
 
-The defaults are the recipe of ``examples/quickstart.yaml`` (observations without the action list,
-GRPO, sequence-mean loss, 0.1 per invalid action) with the best settings measured for this check:
-lr 2e-4 (the quickstart's 5e-5 moves too little in 5 minutes; 2e-4 was unstable with one optimiser
-step per step, not since the clipped ratio bounds the later ones), four optimiser steps per step of
-32 episodes (``--mini-batch 8``; the quickstart takes one), turn-level validity credit of weight 1
-(``--turn-validity-coef``), step-level groups over anchor states of weight 1
-(``--step-group-coef``, GiGPO) and bf16 autocast in the update (``--bf16``); the quickstart has none
-of the last three. The trainer forwards each group's shared
-prompt once (``share_prompts``, on by default), which fits ~15 % more steps in the budget.
+The defaults are the recipe of ``examples/quickstart.yaml``: observations without the action list,
+GRPO, sequence-mean loss, 0.1 per invalid action, and the best settings measured for this check:
+lr 2e-4 (5e-5 moves too little in 5 minutes; 2e-4 was unstable with one optimiser step per step, not
+since the clipped ratio bounds the later ones), four optimiser steps per step of 32 episodes
+(``--mini-batch 8``), turn-level validity credit of weight 1 (``--turn-validity-coef``), step-level
+groups over anchor states of weight 1 (``--step-group-coef``, GiGPO) and bf16 autocast in the update
+(``--bf16``). The trainer forwards each group's shared prompt once (``share_prompts``, on by
+default), which fits ~15 % more steps in the budget.
 4. Held-out success after RL on the same tasks with the same seeds.
 
 Prints each step, then before / after / gain with standard errors (the gain's paired by layout),
