@@ -517,8 +517,10 @@ async def test_gpu_run_gets_vllm_deepspeed_and_keeps_its_checkpoint_claim(
     assert inference is not None and inference["spec"]["replicas"] == 2
     server = inference["spec"]["template"]["spec"]["containers"][0]
     assert server["image"] == "vllm/vllm-openai:latest" and server["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    claim = await cluster.get("PersistentVolumeClaim", "agentgym-checkpoints")
-    assert claim is not None and "ownerReferences" not in claim["metadata"]
+    claim = await cluster.wait_for(
+        lambda: cluster.get("PersistentVolumeClaim", "agentgym-checkpoints"), what="the checkpoint claim"
+    )
+    assert "ownerReferences" not in claim["metadata"]
     assert claim["spec"]["resources"]["requests"]["storage"] == "50Gi"
     hpa = await cluster.get("HorizontalPodAutoscaler", f"{name}-env-babyai")
     assert hpa is not None and (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 8)

@@ -308,11 +308,7 @@ async def reconcile(
 
     applied: dict[tuple[str, str], JSONDict] = {}
     try:
-        for child in children:
-            live, created = await apply_child(client, child, uid)
-            applied[(child["kind"], child["metadata"]["name"])] = live
-            if created:
-                outcome.created.append(f"{child['kind']}/{child['metadata']['name']}")
+        # The claim comes before the children: the trainer Job's pod mounts it, and waits unschedulable without it.
         claim = manifests.checkpoint_claim(inputs)
         if claim is not None and await client.get(kube.PVC, namespace, claim["metadata"]["name"]) is None:
             try:
@@ -320,6 +316,11 @@ async def reconcile(
                 emit("Normal", "CheckpointVolumeCreated", f"PersistentVolumeClaim {claim['metadata']['name']}")
             except kube.Conflict:
                 pass
+        for child in children:
+            live, created = await apply_child(client, child, uid)
+            applied[(child["kind"], child["metadata"]["name"])] = live
+            if created:
+                outcome.created.append(f"{child['kind']}/{child['metadata']['name']}")
     except KubeError as error:
         if error.temporary:
             raise
