@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from agentgym.trainer.packed_attention import PACKED_ATTENTION, AttentionSpan, register_packed_attention
 from agentgym.trainer.packing import (
     PackedRow,
     forward_packed,
@@ -20,6 +21,7 @@ from agentgym.trainer.packing import (
 def _load(folder: Path, attn: str) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
+    register_packed_attention()
     model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
         str(folder), dtype=torch.float32, attn_implementation=attn
     )
@@ -65,7 +67,7 @@ def test_row_layout_positions_and_mask() -> None:
         pack_sequences([[1, 2]], [0], 10)  # no prompt token
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", [PACKED_ATTENTION, "sdpa", "eager"])
 def test_packed_logprobs_equal_unpacked(tiny_model: Path, attn: str) -> None:
     model = _load(tiny_model, attn)
     rng = random.Random(3)
@@ -172,6 +174,10 @@ def test_shared_prompt_layout_positions_and_mask() -> None:
     # Token 12 is scored by the prompt's last token (position 2), token 6 by token 5.
     assert row.score_positions().tolist() == [2, 3, 2, 7]
     assert row.score_labels().tolist() == [10, 11, 12, 6]
+    # sdpa_packed: the prompt with its first response is one causal span; token 12 sees the prompt, then itself.
+    spans = row.attention_spans()
+    assert spans == [AttentionSpan(0, 5), AttentionSpan(5, 6, prefix=(0, 3)), AttentionSpan(6, 9)]
+    assert torch.equal(_dense_mask_of(spans, row.num_tokens), expected)
     with pytest.raises(ValueError, match="dense attention mask"):
         row.attention_mask("flash_attention_2")
     # Without sharing, the same sequences keep a prompt each.
@@ -189,7 +195,7 @@ def test_shared_prompt_blocks_respect_the_row_size() -> None:
     assert all(r.input_ids[:10].tolist() == prompt for r in rows)
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", [PACKED_ATTENTION, "sdpa", "eager"])
 def test_shared_prompt_logprobs_and_gradients_equal_unpacked(tiny_model: Path, attn: str) -> None:
     model = _load(tiny_model, attn)
     rng = random.Random(11)
@@ -220,3 +226,48 @@ def test_shared_prompt_logprobs_and_gradients_equal_unpacked(tiny_model: Path, a
     for name, param in model.named_parameters():
         assert param.grad is not None
         torch.testing.assert_close(grads[name], param.grad, atol=1e-5, rtol=1e-4)
+
+
+def _dense_mask_of(spans: list[AttentionSpan], n: int) -> torch.Tensor:
+    """The ``[n, n]`` mask that attending span by span amounts to."""
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for span in spans:
+        mask[span.start : span.end, span.start : span.end] = torch.ones(
+            span.end - span.start, span.end - span.start
+        ).tril()
+        if span.prefix is not None:
+            mask[span.start : span.end, span.prefix[0] : span.prefix[1]] = True
+    return mask
+
+
+def test_attention_spans_amount_to_the_dense_mask() -> None:
+    rng = random.Random(2)
+    prompts = [[rng.randrange(100, 900) for _ in range(n)] for n in (7, 4, 9)]
+    owners = [0, 0, 1, 2, 0, 2, 2, 1]
+    sequences = [prompts[o] + [rng.randrange(100, 900) for _ in range(rng.randint(1, 6))] for o in owners]
+    starts = [len(prompts[o]) for o in owners]
+    for share in (True, False):
+        for row in pack_sequences(sequences, starts, 30, share_prompts=share):
+            dense = row.attention_mask("sdpa")
+            assert dense is not None
+            assert torch.equal(_dense_mask_of(row.attention_spans(), row.num_tokens), dense[0, 0])
+
+
+def test_attention_spans_refuse_a_row_they_do_not_tile() -> None:
+    [row] = pack_sequences([[1, 2, 3, 4], [5, 6, 7]], [2, 1], 20)
+    gap = PackedRow(
+        torch.cat([row.input_ids, torch.tensor([9])]), torch.cat([row.position_ids, torch.tensor([0])]), row.segments
+    )
+    with pytest.raises(ValueError, match="cover 7 of the row's 8 tokens"):
+        gap.attention_spans()
+
+
+def test_sdpa_packed_without_spans_is_sdpa(tiny_model: Path) -> None:
+    """A plain forward (a padded batch, no packed row) takes sdpa's path with sdpa's mask."""
+    packed, plain = _load(tiny_model, PACKED_ATTENTION), _load(tiny_model, "sdpa")
+    ids = torch.tensor([[5, 6, 7, 8, 9], [2, 2, 10, 11, 12]])
+    attention = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])  # the second row is left-padded
+    with torch.no_grad():
+        a = packed(input_ids=ids, attention_mask=attention).logits
+        b = plain(input_ids=ids, attention_mask=attention).logits
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

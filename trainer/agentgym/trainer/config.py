@@ -56,7 +56,9 @@ class RLTrainerConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype on GPU; CPU always trains in float32 (bf16 there is autocast only when ``bf16``)."""
     attn_implementation: str | None = None
-    """``sdpa`` (default), ``eager``, or ``flash_attention_2`` (GPU, packed via position ids)."""
+    """``sdpa_packed`` (default: sdpa over only the blocks a packed row's tokens may see, see
+    ``agentgym.trainer.packed_attention``), ``sdpa`` (a dense row mask), ``eager``, or
+    ``flash_attention_2`` (GPU, packed via position ids; no shared prompts)."""
     device: str | None = None
     """``cpu`` / ``cuda`` / ``cuda:N``; default: cuda when available and ``gpus`` > 0, else cpu."""
     max_context_tokens: int = 4096

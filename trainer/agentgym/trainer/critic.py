@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from agentgym.trainer.packed_attention import PACKED_ATTENTION, register_packed_attention
 from agentgym.trainer.packing import PackedRow, attention_kind, row_hidden_states
 
 __all__ = ["ValueModel"]
@@ -46,6 +47,8 @@ class ValueModel(nn.Module):
         from transformers import AutoModelForCausalLM
 
         kwargs: dict[str, Any] = {"dtype": dtype}
+        if attn_implementation == PACKED_ATTENTION:
+            register_packed_attention()
         if attn_implementation:
             kwargs["attn_implementation"] = attn_implementation
         lm = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)

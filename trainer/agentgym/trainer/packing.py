@@ -52,6 +52,7 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from agentgym.trainer.losses import entropy_from_logits
+from agentgym.trainer.packed_attention import PACKED_ATTENTION, AttentionSpan
 
 __all__ = [
     "PackedRow",
@@ -138,6 +139,31 @@ class PackedRow:
         zero = torch.zeros((), dtype=dtype, device=device)
         minimum = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=device)
         return torch.where(allowed, zero, minimum)
+
+    def attention_spans(self) -> list[AttentionSpan]:
+        """The row cut into spans for ``sdpa_packed`` (see ``agentgym.trainer.packed_attention``), in row order.
+
+        A sequence with its prompt right before its response (unshared, or the first response of a
+        shared prompt) is one causal span from its prompt's start; a later response of a shared
+        prompt is a span after that prompt.
+        """
+        spans = []
+        for segment in self.segments:
+            if segment.shares_prompt:
+                if segment.response_length:
+                    prompt = (segment.offset, segment.offset + segment.response_start)
+                    start = segment.response_at
+                    spans.append(AttentionSpan(start, start + segment.response_length, prompt))
+            else:
+                spans.append(AttentionSpan(segment.offset, segment.offset + segment.length))
+        end = 0
+        for span in spans:
+            if span.start != end:
+                raise ValueError(f"segments do not tile the row: a span starts at {span.start}, not {end}")
+            end = span.end
+        if end != self.num_tokens:
+            raise ValueError(f"segments cover {end} of the row's {self.num_tokens} tokens")
+        return spans
 
     def _scored(self, k: int) -> Tensor:
         """Response-relative indices of the scored tokens of segment ``k``."""
@@ -310,8 +336,12 @@ def row_hidden_states(decoder: nn.Module, row: PackedRow, attn_kind: str, dtype:
     """The decoder's last hidden states ``[N, H]`` for one packed row."""
     input_ids = row.input_ids.to(device).unsqueeze(0)
     position_ids = row.position_ids.to(device).unsqueeze(0)
-    mask = row.attention_mask(attn_kind, dtype=dtype, device=device)
-    out = decoder(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=False)
+    if attn_kind == PACKED_ATTENTION:
+        spans = row.attention_spans()
+        out = decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False, packed_spans=spans)
+    else:
+        mask = row.attention_mask(attn_kind, dtype=dtype, device=device)
+        out = decoder(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=False)
     hidden: Tensor = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     return hidden[0]
 

@@ -65,6 +65,7 @@ from agentgym.trainer.config import RLTrainerConfig
 from agentgym.trainer.critic import ValueModel
 from agentgym.trainer.losses import aggregate_loss, dpo_loss, kl_loss, kl_penalty, policy_loss, value_loss
 from agentgym.trainer.metrics import MetricsSink, flatten_metrics, rollout_metrics
+from agentgym.trainer.packed_attention import PACKED_ATTENTION, register_packed_attention
 from agentgym.trainer.packing import PackedRow, SequenceOutputs, attention_kind, forward_packed, pack_sequences
 from agentgym.trainer.rewards import token_rewards, trajectory_scores, turn_states, turn_validity
 
@@ -265,13 +266,21 @@ class RLTrainer:
             return torch.float32
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.config.dtype]
 
+    @property
+    def attn_implementation(self) -> str:
+        """The models' attention: ``sdpa_packed`` unless configured (registered with transformers here)."""
+        kind = self.config.attn_implementation or PACKED_ATTENTION
+        if kind == PACKED_ATTENTION:
+            register_packed_attention()
+        return kind
+
     def _load_lm(self, folder: Path) -> nn.Module:
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
         kwargs: dict[str, Any] = {"dtype": self.param_dtype}
-        kwargs["attn_implementation"] = self.config.attn_implementation or "sdpa"
+        kwargs["attn_implementation"] = self.attn_implementation
         model: nn.Module = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
         return model
 
@@ -292,9 +301,7 @@ class RLTrainer:
 
     def _build_critic(self) -> ValueModel:
         if self.model_folder is not None:
-            critic = ValueModel.from_policy_folder(
-                self.model_folder, self.param_dtype, self.config.attn_implementation or "sdpa"
-            )
+            critic = ValueModel.from_policy_folder(self.model_folder, self.param_dtype, self.attn_implementation)
         else:
             policy: Any = self.policy
             critic = ValueModel(copy.deepcopy(policy.get_decoder()), int(policy.config.hidden_size))
@@ -348,7 +355,7 @@ class RLTrainer:
     def _shares_prompts(self) -> bool:
         """Whether rows may share prompts: every model that reads them takes a dense attention mask."""
         models = [m for m in (self.policy, self.reference, self.critic) if m is not None]
-        dense = all(attention_kind(m) in ("sdpa", "eager") for m in models)
+        dense = all(attention_kind(m) in (PACKED_ATTENTION, "sdpa", "eager") for m in models)
         return self.config.share_prompts and dense
 
     def _pack(self, batch: _Batch, indices: Sequence[int]) -> list[tuple[PackedRow, list[int]]]:
