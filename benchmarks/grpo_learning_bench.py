@@ -27,8 +27,9 @@ lr 2e-4 (5e-5 moves too little in 5 minutes; 2e-4 was unstable with one optimise
 since the clipped ratio bounds the later ones), four optimiser steps per step of 32 episodes
 (``--mini-batch 8``), turn-level validity credit of weight 1 (``--turn-validity-coef``), step-level
 groups over anchor states of weight 1 (``--step-group-coef``, GiGPO) and bf16 autocast in the update
-(``--bf16``). The trainer forwards each group's shared prompt once (``share_prompts``, on by
-default), which fits ~15 % more steps in the budget.
+(``--bf16``; float32 on a CPU without bf16 units, see ``cpu_bf16_bench.py``). The trainer forwards
+each group's shared prompt once (``share_prompts``, on by default), which fits ~15 % more steps in
+the budget.
 4. Held-out success after RL on the same tasks with the same seeds.
 
 Prints each step, then before / after / gain with standard errors (the gain's paired by layout),
@@ -292,6 +293,7 @@ async def main(args: argparse.Namespace) -> int:
     print(f"# GRPO learning check on BabyAI easy, tiny model, {os.cpu_count()} CPUs; work dir {work}")
     print("settings: " + " ".join(f"{k}={v}" for k, v in sorted(vars(args).items())), flush=True)
     trainer = RLTrainer(config, write_metrics=False)
+    print(f"update precision: {'bf16 autocast' if trainer.autocast_dtype else 'float32'}", flush=True)
     chat = ChatTokenizer(trainer.tokenizer)
     engine = Engine(str(trainer.current_policy_dir), max_batch_size=64)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 from trainer_helpers import fill_logprobs
 
 from agentgym.proto import rl_pb2
+from agentgym.trainer import trainer as trainer_module
 from agentgym.trainer.metrics import MetricsSink
 from agentgym.trainer.trainer import RLTrainer
 
@@ -220,13 +222,27 @@ def test_shared_prompts_give_the_same_update_on_fewer_tokens(
 
 
 def test_bf16_autocast_step_runs(
-    config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]]
+    config_factory: Callable[..., Any],
+    make_batch: Callable[..., list[rl_pb2.Trajectory]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(trainer_module, "cpu_has_bf16_units", lambda: True)  # the autocast path on any CPU
     trainer = RLTrainer(config_factory(bf16=True))
     assert trainer.autocast_dtype == torch.bfloat16 and next(trainer.policy.parameters()).dtype == torch.float32
     metrics = trainer.train_step(make_batch(7, 0, groups=1, group_size=4))
     assert all(v == v for v in metrics.train.values())  # no NaN
     assert metrics.train["grad_norm"] > 0
+
+
+def test_bf16_on_a_cpu_without_bf16_units_trains_in_float32_and_says_so(
+    config_factory: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(trainer_module, "cpu_has_bf16_units", lambda: False)
+    with caplog.at_level(logging.WARNING, logger=trainer_module.__name__):
+        trainer = RLTrainer(config_factory(bf16=True))
+    assert trainer.autocast_dtype is None
+    assert "no bf16 units" in caplog.text and "float32" in caplog.text
+    assert RLTrainer(config_factory(bf16=False)).autocast_dtype is None
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "rloo"])

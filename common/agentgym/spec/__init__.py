@@ -256,6 +256,8 @@ class TrainerSpec(SpecModel):
     gpus: int = Field(default=0, ge=0)
     zero_stage: Literal[0, 1, 2, 3] = 2
     bf16: bool = False
+    """bf16 mixed precision: DeepSpeed's bf16 on GPUs; autocast on a CPU with bf16 units (AVX512-BF16 or AMX),
+    float32 on other CPUs (emulated bf16 is many times slower there; the trainer logs it)."""
     gradient_checkpointing: bool = False
     micro_batch_tokens: int = Field(default=8192, ge=128)
     """Packed tokens per micro-batch (sequence packing, no padding)."""

@@ -54,7 +54,7 @@ class RLTrainerConfig:
     run: str = "local"
     """Run name (NATS subjects, request ids, metric attributes)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype on GPU; CPU always trains in float32 (bf16 there is autocast only when ``bf16``)."""
+    """Parameter dtype on GPU; CPU always keeps float32 parameters (``bf16`` autocasts there, given bf16 units)."""
     attn_implementation: str | None = None
     """``sdpa_packed`` (default: sdpa over only the blocks a packed row's tokens may see, see
     ``agentgym.trainer.packed_attention``), ``sdpa`` (a dense row mask), ``eager``, or
@@ -135,6 +135,8 @@ class RLTrainerConfig:
     gpus: int = 0
     zero_stage: int = 2
     bf16: bool = False
+    """bf16 mixed precision: DeepSpeed's bf16 on GPUs; autocast on a CPU with bf16 units (AVX512-BF16 or AMX),
+    float32 on other CPUs (emulated bf16 is many times slower there; the trainer logs it)."""
     gradient_checkpointing: bool = False
     micro_batch_tokens: int = 8192
     """Packed tokens per forward row (one row per forward/backward, no padding)."""
