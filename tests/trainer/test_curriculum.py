@@ -272,6 +272,23 @@ def test_build_schedule() -> None:
         build_schedule("linear")
 
 
+@pytest.mark.parametrize(
+    ("kind", "params", "named"),
+    [
+        ("fixed", {"horizon": 5}, "horizon; it takes max_turns"),
+        (
+            "scaling_inter",
+            {"horizons": [2, 4], "stage_step": 3},
+            "stage_step; it takes boundaries, horizons, stage_steps",
+        ),
+        ("adaptive", {"initial": 4, "max": 8}, "max; it takes allow_decrease"),
+    ],
+)
+def test_build_schedule_names_an_unknown_parameter(kind: str, params: dict[str, object], named: str) -> None:
+    with pytest.raises(ValueError, match=f"horizon schedule '{kind}': unknown parameter\\(s\\) {named}"):
+        build_schedule(kind, **params)
+
+
 def test_curriculum_state_dict_round_trip() -> None:
     state = CurriculumState(step=3, stage=1, horizon=13, schedule="scaling_inter", metrics={"success_rate": 0.25})
     assert CurriculumState.from_dict(json.loads(json.dumps(state.to_dict()))) == state

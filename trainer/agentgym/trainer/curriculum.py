@@ -21,6 +21,7 @@ the same future horizons as one that never stopped.
 
 from __future__ import annotations
 
+import inspect
 import math
 from abc import ABC, abstractmethod
 from bisect import bisect_right
@@ -442,6 +443,7 @@ def build_schedule(kind: str, **params: Any) -> HorizonSchedule:
     """
     name = kind.lower().replace("-", "_")
     if name == "fixed":
+        _check_parameters(FixedHorizon, kind, params)
         return FixedHorizon(**params)
     if name == "scaling_inter":
         environment = params.pop("environment", None)
@@ -450,7 +452,18 @@ def build_schedule(kind: str, **params: Any) -> HorizonSchedule:
             params.setdefault("horizons", preset.horizons)
             if "boundaries" not in params:
                 params.setdefault("stage_steps", preset.stage_steps)
+        _check_parameters(ScalingInterSchedule, kind, params)
         return ScalingInterSchedule(**params)
     if name == "adaptive":
+        _check_parameters(AdaptiveHorizon, kind, params)
         return AdaptiveHorizon(**params)
     raise ValueError(f"unknown horizon schedule {kind!r}; use fixed, scaling_inter or adaptive")
+
+
+def _check_parameters(schedule: type[HorizonSchedule], kind: str, params: Mapping[str, Any]) -> None:
+    """A ValueError naming the unknown keys (a bare TypeError from the constructor names no schedule)."""
+    accepted = set(inspect.signature(schedule).parameters) - {"self"}
+    unknown = sorted(set(params) - accepted)
+    if unknown:
+        takes = ", ".join(sorted(accepted))
+        raise ValueError(f"horizon schedule {kind!r}: unknown parameter(s) {', '.join(unknown)}; it takes {takes}")
