@@ -7,4 +7,4 @@ bash scripts/setup-dev.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-.venv/bin/pytest -q -p no:cacheprovider "$@"
+.venv/bin/pytest -q -p no:cacheprovider --durations=15 "$@"
