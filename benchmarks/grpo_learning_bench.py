@@ -271,6 +271,8 @@ async def main(args: argparse.Namespace) -> int:
         learning_rate=args.lr,
         kl_coef=args.kl,
         mini_batch_size=args.mini_batch,
+        mini_batches_by_group=args.mini_batches_by_group,
+        drop_uniform_groups=args.drop_uniform_groups,
         loss_aggregation=args.aggregation,
         invalid_action_penalty=args.invalid_action_penalty,
         turn_validity_coef=args.turn_validity_coef,
@@ -349,8 +351,9 @@ async def main(args: argparse.Namespace) -> int:
         await serve_current_policy()
         train = metrics.train
         rate = sum(t.success for t in episodes) / len(episodes)
+        trained = f"  trained on {metrics.counts['used']}" if args.drop_uniform_groups else ""
         print(
-            f"step {step}: horizon {horizon}  train success {rate:.2f}  rollout {rollout_seconds:.1f} s"
+            f"step {step}: horizon {horizon}  train success {rate:.2f}{trained}  rollout {rollout_seconds:.1f} s"
             f"  update {train['step_time_s']:.1f} s"
             f"  entropy {train.get('entropy', 0.0):.3f}  kl {train.get('kl', 0.0):.4f}"
             f"  clip {train.get('clip_fraction', 0.0):.3f}  grad norm {train.get('grad_norm', 0.0):.2f}"
@@ -399,6 +402,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kl", type=float, default=0.0)
     parser.add_argument("--adam-eps", type=float, default=1e-8)
     parser.add_argument("--mini-batch", type=int, default=8, help="trajectories per optimiser step")
+    parser.add_argument(
+        "--mini-batches-by-group",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="mini-batches of whole groups (fewer prompt tokens; one group per optimiser step at the defaults)",
+    )
+    parser.add_argument(
+        "--drop-uniform-groups",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="leave out groups whose samples all succeeded or all failed (DAPO's dynamic sampling)",
+    )
     parser.add_argument("--aggregation", default="seq-mean-token-mean")
     parser.add_argument("--invalid-action-penalty", type=float, default=0.1)
     parser.add_argument("--turn-validity-coef", type=float, default=1.0)

@@ -68,6 +68,10 @@ def test_minimal_spec_gets_sensible_defaults() -> None:
             "spec.algorithm: stepGroupCoef is for grpo and rloo",
         ),
         (
+            {"algorithm": {"name": "ppo", "dropUniformGroups": True}},
+            "spec.algorithm: dropUniformGroups is for grpo and rloo",
+        ),
+        (
             {"algorithm": {"stepGroupGamma": 1.5}},
             "spec.algorithm.stepGroupGamma: Input should be less than or equal to 1",
         ),

@@ -16,7 +16,7 @@ from trainer_helpers import fill_logprobs
 from agentgym.proto import rl_pb2
 from agentgym.trainer import trainer as trainer_module
 from agentgym.trainer.metrics import MetricsSink
-from agentgym.trainer.trainer import RLTrainer
+from agentgym.trainer.trainer import RLTrainer, mini_batch_order
 
 
 def _params(trainer: RLTrainer) -> dict[str, torch.Tensor]:
@@ -120,6 +120,7 @@ def test_duplicates_failed_and_malformed(
         "duplicates": 1,
         "malformed": 1,
         "failed": 1,
+        "uniform_groups": 0,  # counted only with drop_uniform_groups
         "used": 7,
     }
     assert metrics.env["all"]["failed_rate"] == pytest.approx(1 / 8)
@@ -219,6 +220,81 @@ def test_shared_prompts_give_the_same_update_on_fewer_tokens(
     assert separate.train["grad_norm"] == pytest.approx(shared.train["grad_norm"], rel=1e-4)
     for name, value in trainers[False].policy.state_dict().items():
         torch.testing.assert_close(value, trainers[True].policy.state_dict()[name], atol=1e-6, rtol=1e-5)
+
+
+def test_mini_batch_order_keeps_groups_together() -> None:
+    group_ids = [f"g{i // 4}" for i in range(12)]  # 3 groups of 4
+    order = mini_batch_order(group_ids, torch.Generator().manual_seed(3))
+    assert sorted(order) == list(range(12))
+    chunks = [order[k : k + 4] for k in range(0, 12, 4)]
+    assert all(len({group_ids[i] for i in chunk}) == 1 for chunk in chunks)  # each mini-batch of 4: one group
+    assert order == mini_batch_order(group_ids, torch.Generator().manual_seed(3))  # seeded
+    orders = {tuple(mini_batch_order(group_ids, torch.Generator().manual_seed(s))) for s in range(20)}
+    assert len({tuple(group_ids[order[k]] for k in (0, 4, 8)) for order in orders}) > 1  # group order varies
+    assert len({order[:4] for order in orders}) > 3  # groups and members both shuffled
+    # off: a plain permutation, the same the generator gives
+    assert (
+        mini_batch_order(group_ids, torch.Generator().manual_seed(3), by_group=False)
+        == torch.randperm(12, generator=torch.Generator().manual_seed(3)).tolist()
+    )
+
+
+def test_mini_batches_by_group_forward_each_prompt_once_per_mini_batch(
+    config_factory: Callable[..., Any],
+    make_batch: Callable[..., list[rl_pb2.Trajectory]],
+    tmp_path: Path,
+) -> None:
+    batch = make_batch(9, 0, groups=4, group_size=4)
+    prompts = {t.group_id: list(t.prompt_token_ids) for t in reversed(batch)}
+    for t in batch:  # shared prompts, as the rollout workers send them
+        del t.prompt_token_ids[:]
+        t.prompt_token_ids.extend(prompts[t.group_id])
+    tokens = {}
+    for by_group in (True, False):
+        config = config_factory(
+            output_dir=tmp_path / str(by_group),
+            mini_batch_size=4,
+            micro_batch_tokens=4096,
+            mini_batches_by_group=by_group,
+        )
+        metrics = RLTrainer(config).train_step(batch)
+        assert metrics.train["optimizer_steps"] == 4
+        tokens[by_group] = metrics.train["tokens"]
+    responses = sum(len(t.response_token_ids) for t in batch)
+    assert tokens[True] == responses + sum(len(p) for p in prompts.values())  # every prompt forwarded once
+    assert tokens[False] > tokens[True]  # shuffled across groups: a prompt per group drawn per mini-batch
+
+
+def test_drop_uniform_groups_trains_on_the_mixed_groups_only(
+    config_factory: Callable[..., Any],
+    make_batch: Callable[..., list[rl_pb2.Trajectory]],
+    tmp_path: Path,
+) -> None:
+    outcomes = [[True] * 4, [False] * 4, [True, False, False, True]]  # all won, all lost, mixed
+    batch = []
+    for g, group_outcomes in enumerate(outcomes):
+        for t, won in zip(make_batch(11 + g, 0, groups=1, group_size=4), group_outcomes, strict=True):
+            t.group_id, t.task_id = f"g{g}", f"task-{g}"
+            t.trajectory_id = f"g{g}/{t.sample_index}"
+            t.success, t.final_score = won, float(won)
+            t.turns[0].invalid_action = t.sample_index == 1  # shaping credit in every group
+            batch.append(t)
+    common = {"mini_batch_size": 16, "invalid_action_penalty": 0.1, "turn_validity_coef": 1.0, "adam_eps": 1e-4}
+    dropping = RLTrainer(config_factory(output_dir=tmp_path / "drop", drop_uniform_groups=True, **common))
+    metrics = dropping.train_step(batch)
+    assert metrics.counts["uniform_groups"] == 2 and metrics.counts["used"] == 4
+    assert metrics.env["all"]["success_rate"] == pytest.approx(6 / 12)  # rollout statistics keep every episode
+    # the same update as a trainer that is given the mixed group alone
+    plain = RLTrainer(config_factory(output_dir=tmp_path / "plain", **common))
+    assert plain.train_step(batch[8:]).counts["uniform_groups"] == 0
+    for name, value in plain.policy.state_dict().items():
+        torch.testing.assert_close(value, dropping.policy.state_dict()[name], atol=1e-6, rtol=1e-5)
+    # nothing mixed: no update, the step still counts
+    only_uniform = RLTrainer(config_factory(output_dir=tmp_path / "uniform", drop_uniform_groups=True, **common))
+    before = _params(only_uniform)
+    metrics = only_uniform.train_step(batch[:8])
+    assert metrics.counts["uniform_groups"] == 2 and metrics.counts["used"] == 0 and only_uniform.step == 1
+    assert all(torch.equal(before[k], v) for k, v in _params(only_uniform).items())
 
 
 def test_bf16_autocast_step_runs(

@@ -101,6 +101,11 @@ def test_validation() -> None:
     with pytest.raises(ValueError, match="step_group_coef is for the group estimators"):
         RLTrainerConfig(algorithm="ppo", group_size=1, step_group_coef=1.0)
     RLTrainerConfig(algorithm="rloo", step_group_coef=1.0)
+    with pytest.raises(ValueError, match="drop_uniform_groups is for the group estimators"):
+        RLTrainerConfig(algorithm="reinforce_plus_plus", group_size=1, drop_uniform_groups=True)
+    with pytest.raises(ValueError, match="drop_uniform_groups needs an outcome reward"):
+        RLTrainerConfig(algorithm="grpo", drop_uniform_groups=True, outcome_reward="none")
+    RLTrainerConfig(algorithm="rloo", drop_uniform_groups=True)
     with pytest.raises(ValueError, match="negative_advantage_scale must be in"):
         RLTrainerConfig(algorithm="grpo", negative_advantage_scale=1.5)
     with pytest.raises(ValueError, match="outcome"):

@@ -14,6 +14,7 @@ from agentgym.trainer.rewards import (
     trajectory_scores,
     turn_states,
     turn_validity,
+    uniform_outcome_groups,
 )
 
 
@@ -200,3 +201,23 @@ def test_turn_states_after_invalid_actions_keep_the_last_valid_observation() -> 
     # The sampled tokens (2, 3) never enter a key: two samples that erred differently from one state
     # and got the same replies are in the same state.
     assert states == [(), (10, 11), (10, 11, 20, 21), (10, 11, 20, 21, 30)]
+
+
+def test_uniform_outcome_groups() -> None:
+    trajectories = [
+        traj("babyai", 1.0, True),  # a: both succeeded
+        traj("babyai", 1.0, True),
+        traj("babyai", 0.0, False),  # b: both failed
+        traj("babyai", 0.0, False),
+        traj("babyai", 1.0, True),  # c: one of each
+        traj("babyai", 0.0, False),
+        traj("babyai", 1.0, True),  # d: alone
+        traj("sciworld", 40.0, False),  # e: same partial score
+        traj("sciworld", 40.0, False),
+        traj("sciworld", 40.0, False),  # f: partial scores that differ
+        traj("sciworld", 70.0, False),
+    ]
+    keys = ["a", "a", "b", "b", "c", "c", "d", "e", "e", "f", "f"]
+    assert uniform_outcome_groups(trajectories, keys, RewardConfig()) == {"a", "b", "d", "e"}
+    # on success alone, f's partial scores are the same failure
+    assert uniform_outcome_groups(trajectories, keys, RewardConfig("success")) == {"a", "b", "d", "e", "f"}

@@ -138,6 +138,10 @@ class AlgorithmSpec(SpecModel):
     advantage; 0: off."""
     step_group_gamma: float = Field(default=0.95, ge=0, le=1)
     """Per-turn discount of those step-level returns."""
+    drop_uniform_groups: bool = False
+    """GRPO/RLOO: leave out of the update the groups whose samples all got the same outcome (all
+    succeeded or all failed: no outcome advantage, DAPO's dynamic sampling); their shaping credit goes
+    with them. Raise rollout.tasksPerStep to make up for them."""
     critic_learning_rate: float = Field(default=1e-5, gt=0)
     """PPO only: value model learning rate."""
     value_clip: float = Field(default=0.5, gt=0)
@@ -151,6 +155,8 @@ class AlgorithmSpec(SpecModel):
             raise ValueError(
                 f"turnValidityCoef is for grpo and rloo; {self.name} credits invalid turns through invalidActionPenalty"
             )
+        if self.drop_uniform_groups and self.name not in ("grpo", "rloo"):
+            raise ValueError(f"dropUniformGroups is for grpo and rloo; {self.name} has no groups to compare")
         if self.step_group_coef and self.name not in ("grpo", "rloo"):
             raise ValueError(
                 f"stepGroupCoef is for grpo and rloo; {self.name} already credits each turn by what follows it"

@@ -81,6 +81,10 @@ class RLTrainerConfig:
     epochs: int = 1
     mini_batch_size: int = 16
     """Trajectories per optimiser step."""
+    mini_batches_by_group: bool = False
+    """Mini-batches take whole groups (groups, and samples within each, in a seeded random order), so a
+    group's shared prompt is forwarded once per mini-batch (0.6 of the tokens of a BabyAI step at
+    mini-batch 8, group 8); False: trajectories shuffled across groups."""
     gamma: float = 1.0
     lam: float = 1.0
     normalize_by_std: bool = True
@@ -112,6 +116,11 @@ class RLTrainerConfig:
     """Per-turn discount of the step-level returns (``advantages.turn_returns``)."""
     score_scales: dict[str, float] = field(default_factory=dict)
     """Overrides of the per-environment score unit (default sciworld 100, others 1)."""
+    drop_uniform_groups: bool = False
+    """GRPO/RLOO: leave out of the loss the groups whose samples all got the same outcome reward (all
+    succeeded or all failed; DAPO's dynamic sampling): they carry no outcome advantage, only shaping
+    credit (invalid-action penalty, turn validity, step groups), which goes with them. Counted per step
+    (``uniform_groups``); ask for more tasks per step to make up for them."""
     train_on_failed: bool = False
     """Failed trajectories (TERMINATION_ERROR) are counted but excluded from the loss unless True."""
     recompute_old_logprobs: bool = False
@@ -194,6 +203,12 @@ class RLTrainerConfig:
             raise ValueError(
                 "step_group_coef is for the group estimators (grpo, rloo); token-level estimators "
                 "already credit each turn by what follows it"
+            )
+        if self.drop_uniform_groups and self.algorithm not in ("grpo", "rloo"):
+            raise ValueError("drop_uniform_groups is for the group estimators (grpo, rloo)")
+        if self.drop_uniform_groups and self.outcome_reward == "none":
+            raise ValueError(
+                "drop_uniform_groups needs an outcome reward (outcome_reward 'none' makes every group uniform)"
             )
         for name in ("group_size", "epochs", "mini_batch_size", "tasks_per_step", "total_steps", "checkpoint_every"):
             if getattr(self, name) < 1:
@@ -319,6 +334,7 @@ class RLTrainerConfig:
             "step_group_coef": algo.step_group_coef,
             "step_group_gamma": algo.step_group_gamma,
             "negative_advantage_scale": algo.negative_advantage_scale,
+            "drop_uniform_groups": algo.drop_uniform_groups,
             "max_grad_norm": algo.max_grad_norm,
             "critic_learning_rate": algo.critic_learning_rate,
             "value_clip": algo.value_clip,

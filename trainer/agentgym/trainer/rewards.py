@@ -60,6 +60,7 @@ __all__ = [
     "trajectory_scores",
     "turn_states",
     "turn_validity",
+    "uniform_outcome_groups",
 ]
 
 
@@ -145,6 +146,20 @@ def trajectory_scores(trajectories: Sequence[rl_pb2.Trajectory], config: RewardC
         _, rewards = _turn_rewards(trajectory, config)
         values.append(outcome_reward(trajectory, config) + sum(rewards))
     return torch.tensor(values, dtype=torch.float32)
+
+
+def uniform_outcome_groups(
+    trajectories: Sequence[rl_pb2.Trajectory], group_keys: Sequence[str], config: RewardConfig
+) -> set[str]:
+    """The groups whose trajectories all got the same outcome reward (all succeeded, or all failed).
+
+    A group estimator gives such a group no outcome advantage (every sample equals its baseline):
+    DAPO's "dynamic sampling" leaves them out of the batch. A group with one trajectory is uniform.
+    """
+    outcomes: dict[str, list[float]] = {}
+    for trajectory, key in zip(trajectories, group_keys, strict=True):
+        outcomes.setdefault(key, []).append(outcome_reward(trajectory, config))
+    return {key for key, values in outcomes.items() if max(values) - min(values) <= 1e-6}
 
 
 def token_rewards(trajectories: Sequence[rl_pb2.Trajectory], response_mask: Tensor, config: RewardConfig) -> Tensor:

@@ -15,7 +15,8 @@ One step (:meth:`RLTrainer.train_step`)
    logprob lengths disagree, no prompt). Both are counted.
 2. Rollout statistics per environment over what remains (failed episodes included).
 3. Failed trajectories (TERMINATION_ERROR) are excluded from the loss unless ``train_on_failed``;
-   so are trajectories without a sampled token.
+   so are trajectories without a sampled token, and with ``drop_uniform_groups`` the groups whose
+   samples all got the same outcome (counted as ``uniform_groups``).
 4. Old log-probs: the engine's ``sampled_logprobs`` (default), or recomputed with the training
    model (``recompute_old_logprobs``). Either way the step reports ``logprob_diff_max`` /
    ``logprob_diff_mean``, the gap between the engine's and the trainer's log-probs of the sampled
@@ -24,10 +25,11 @@ One step (:meth:`RLTrainer.train_step`)
 5. Advantages over the whole step: GRPO / RLOO from one score per trajectory grouped by
    ``group_id``; REINFORCE++ and PPO-GAE from token rewards (``agentgym.trainer.rewards``), PPO
    with the separate critic of ``agentgym.trainer.critic``.
-6. ``epochs`` passes over shuffled mini-batches of ``mini_batch_size`` trajectories; each
+6. ``epochs`` passes over shuffled mini-batches of ``mini_batch_size`` trajectories (whole groups
+   together unless ``mini_batches_by_group`` is off, see :func:`mini_batch_order`); each
    mini-batch is packed into rows of ``micro_batch_tokens`` (``agentgym.trainer.packing``), one
    forward/backward per row, one optimiser step per mini-batch. Shuffling is seeded by
-   ``(seed, step, epoch)``, so a resumed run makes the same updates.
+   ``(seed, step)``, so a resumed run makes the same updates.
 7. The horizon schedule is updated with the step's ``success_rate`` and ``truncation_rate``.
 """
 
@@ -67,11 +69,17 @@ from agentgym.trainer.losses import aggregate_loss, dpo_loss, kl_loss, kl_penalt
 from agentgym.trainer.metrics import MetricsSink, flatten_metrics, rollout_metrics
 from agentgym.trainer.packed_attention import PACKED_ATTENTION, register_packed_attention
 from agentgym.trainer.packing import PackedRow, SequenceOutputs, attention_kind, forward_packed, pack_sequences
-from agentgym.trainer.rewards import token_rewards, trajectory_scores, turn_states, turn_validity
+from agentgym.trainer.rewards import (
+    token_rewards,
+    trajectory_scores,
+    turn_states,
+    turn_validity,
+    uniform_outcome_groups,
+)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DPOPair", "RLTrainer", "SFTExample", "StepMetrics", "cpu_has_bf16_units"]
+__all__ = ["DPOPair", "RLTrainer", "SFTExample", "StepMetrics", "cpu_has_bf16_units", "group_key", "mini_batch_order"]
 
 CHECKPOINT_FORMAT = 1
 _TOKENIZER_FILES = (
@@ -191,6 +199,28 @@ def _enable_activation_checkpointing(model: nn.Module) -> None:
     if legacy is None:
         raise TypeError(f"{type(model).__name__} does not support activation checkpointing")
     legacy(gradient_checkpointing_kwargs=kwargs)
+
+
+def group_key(trajectory: rl_pb2.Trajectory) -> str:
+    """The group a trajectory's advantage is computed in: its ``group_id``, else its step and task."""
+    return trajectory.group_id or f"{trajectory.step}/{trajectory.task_id}"
+
+
+def mini_batch_order(group_ids: Sequence[str], generator: torch.Generator, *, by_group: bool = True) -> list[int]:
+    """A seeded random order of the batch indices; consecutive slices of it are the mini-batches.
+
+    ``by_group``: the groups in random order, each group's indices together (in random order): a
+    mini-batch of ``k * group_size`` holds ``k`` whole groups, and packing forwards each group's
+    shared prompt once for all its samples in the mini-batch instead of once per group member it
+    happens to draw. Otherwise a plain permutation.
+    """
+    order = torch.randperm(len(group_ids), generator=generator).tolist()
+    if not by_group:
+        return order
+    groups: dict[str, list[int]] = {}
+    for i in order:  # first appearance in the permutation orders the groups
+        groups.setdefault(group_ids[i], []).append(i)
+    return [i for members in groups.values() for i in members]
 
 
 def _resolve_model_folder(name: str) -> Path:
@@ -472,11 +502,16 @@ class RLTrainer:
         used = [
             t for t in valid if (c.train_on_failed or t.termination != rl_pb2.TERMINATION_ERROR) and any(t.loss_mask)
         ]
+        uniform: set[str] = set()
+        if c.drop_uniform_groups:
+            uniform = uniform_outcome_groups(used, [group_key(t) for t in used], reward_cfg)
+            used = [t for t in used if group_key(t) not in uniform]
         counts = {
             "received": len(trajectories),
             "duplicates": duplicates,
             "malformed": malformed,
             "failed": len(failed),
+            "uniform_groups": len(uniform),
             "used": len(used),
             **(extra_counts or {}),
         }
@@ -529,7 +564,7 @@ class RLTrainer:
             kl_reward = kl_penalty(old, ref, c.kl_type) * mask
         if c.algorithm in ("grpo", "rloo"):
             scores = trajectory_scores(batch.trajectories, c.reward_config())
-            group_ids = [t.group_id or f"{t.step}/{t.task_id}" for t in batch.trajectories]
+            group_ids = [group_key(t) for t in batch.trajectories]
             if c.algorithm == "grpo":
                 outcome = adv.grpo_advantages(scores, group_ids, mask, c.normalize_by_std)
             else:
@@ -590,7 +625,9 @@ class RLTrainer:
         compute_started = time.perf_counter()
         generator = torch.Generator().manual_seed(_seed_for(c.seed, "minibatch", step))
         for epoch in range(c.epochs):
-            order = torch.randperm(batch.size, generator=generator).tolist()
+            order = mini_batch_order(
+                [group_key(t) for t in batch.trajectories], generator, by_group=c.mini_batches_by_group
+            )
             for start in range(0, batch.size, c.mini_batch_size):
                 members = order[start : start + c.mini_batch_size]
                 rows = self._pack(batch, members)

@@ -1,0 +1,104 @@
+"""Update time of a BabyAI GRPO step with mini-batches of whole groups, against mini-batches shuffled across groups.
+
+The learning check (``grpo_learning_bench.py``) makes 4 optimiser steps per step: 4 groups of 8,
+mini-batches of 8. Shuffled across groups, a mini-batch draws ~2 samples from each of ~4 groups
+and packing forwards ~4 prompts of ~380 tokens for ~8 responses of ~150; with whole groups
+(``mini_batches_by_group``, the default) it forwards one. The batch is the shared-prompt bench's
+(``shared_prompt_bench.babyai_shaped_batch``: random token ids in the learning check's shape).
+
+Both settings train from the same weights on the same batches, alternating, ``--repeats`` times each
+after one warm-up step each; printed: median update seconds, tokens forwarded, and the ratio. The
+updates differ (other samples share an optimiser step), so only the cost is compared here; the
+learning check measures what the grouping does to learning.
+
+Usage: python benchmarks/mini_batch_grouping_bench.py [--groups 4] [--group-size 8] [--mini-batch 8] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentgym.trainer.config import RLTrainerConfig
+from agentgym.trainer.trainer import RLTrainer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared-prompt bench next to this script
+from shared_prompt_bench import babyai_shaped_batch
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="builtin:tiny")
+    parser.add_argument("--groups", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--mini-batch", type=int, default=8, help="trajectories per optimiser step")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--micro-batch-tokens", type=int, default=2048, help="as in the learning check")
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if min(args.groups, args.group_size, args.mini_batch, args.repeats) < 1:
+        parser.error("--groups, --group-size, --mini-batch and --repeats must be >= 1")
+
+    work = Path(tempfile.mkdtemp(prefix="mini-batch-grouping-bench-"))
+    trainers = {}
+    for by_group in (False, True):
+        config = RLTrainerConfig(
+            model=args.model,
+            output_dir=work / ("by-group" if by_group else "shuffled"),
+            algorithm="grpo",
+            group_size=args.group_size,
+            mini_batch_size=args.mini_batch,
+            mini_batches_by_group=by_group,
+            learning_rate=1e-5,
+            kl_coef=0.0,
+            micro_batch_tokens=args.micro_batch_tokens,
+            bf16=args.bf16,
+            tensorboard=False,
+            otel_metrics=False,
+            seed=args.seed,
+        )
+        trainers[by_group] = RLTrainer(config, write_metrics=False)
+    model_config: Any = trainers[False].policy.config
+    vocab = int(model_config.vocab_size)
+    print(f"# mini-batch grouping bench, {args.model}, {os.cpu_count()} CPUs, torch {torch.__version__}")
+    print("settings: " + " ".join(f"{k}={v}" for k, v in sorted(vars(args).items())))
+    print(f"update precision: {'bf16 autocast' if trainers[True].autocast_dtype else 'float32'}")
+
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    tokens: dict[bool, list[float]] = {False: [], True: []}
+    for repeat in range(args.repeats + 1):
+        batch = babyai_shaped_batch(args.groups, args.group_size, vocab, args.seed + repeat)
+        for t in batch:  # fresh ids each round: the trainers drop trajectories they have seen
+            t.trajectory_id = f"{repeat}/{t.trajectory_id}"
+        for by_group in (False, True):
+            started = time.perf_counter()
+            metrics = trainers[by_group].train_step(batch)
+            elapsed = time.perf_counter() - started
+            if repeat > 0:  # the first round warms up both
+                seconds[by_group].append(elapsed)
+                tokens[by_group].append(metrics.train["tokens"])
+    sampled = sum(sum(t.loss_mask) for t in batch)
+    for by_group, label in ((False, "shuffled across groups"), (True, "whole groups")):
+        print(
+            f"{label:>22}: update {statistics.median(seconds[by_group]):.2f} s median of {args.repeats}"
+            f" (min {min(seconds[by_group]):.2f}), {statistics.mean(tokens[by_group]):.0f} tokens forwarded"
+            f" on average, {sampled} sampled in the last batch"
+        )
+    ratio = statistics.median(seconds[False]) / statistics.median(seconds[True])
+    share = sum(tokens[True]) / sum(tokens[False])
+    print(f"speed-up: {ratio:.2f}x; tokens forwarded: {share:.2f} of the shuffled mini-batches'")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
