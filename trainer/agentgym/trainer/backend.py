@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-__all__ = ["OptimizerSettings", "PolicyEngine", "TorchEngine"]
+__all__ = ["OptimizerSettings", "PolicyEngine", "TorchEngine", "fused_adamw"]
 
 
 class OptimizerSettings:
@@ -50,6 +50,23 @@ class PolicyEngine(Protocol):
     def reset_optimizer_state(self) -> None: ...
 
 
+def fused_adamw(params: list[nn.Parameter], settings: OptimizerSettings) -> torch.optim.AdamW:
+    """AdamW with torch's fused kernel where it has one (CUDA, CPU): one pass per parameter instead of
+    a kernel per tensor operation. On CPU that is 6x faster a step for the tiny model's 16.5 M
+    parameters (90 -> 14 ms, ``benchmarks/optimizer_bench.py``), the same update to float rounding. Elsewhere (a
+    device or dtype without the kernel) the default implementation."""
+    common: dict[str, Any] = {
+        "lr": settings.lr,
+        "betas": settings.betas,
+        "eps": settings.eps,
+        "weight_decay": settings.weight_decay,
+    }
+    try:
+        return torch.optim.AdamW(params, fused=True, **common)
+    except RuntimeError:  # no fused kernel for these parameters' device or dtype
+        return torch.optim.AdamW(params, **common)
+
+
 class TorchEngine:
     """AdamW on one device (CPU, or one GPU) with global-norm gradient clipping."""
 
@@ -57,15 +74,7 @@ class TorchEngine:
         self.module = module
         self.settings = settings
         params = [p for p in module.parameters() if p.requires_grad]
-        fused = bool(params) and params[0].is_cuda
-        self.optimizer = torch.optim.AdamW(
-            params,
-            lr=settings.lr,
-            betas=settings.betas,
-            eps=settings.eps,
-            weight_decay=settings.weight_decay,
-            fused=fused or None,
-        )
+        self.optimizer = fused_adamw(params, settings)
         self._params = params
 
     def backward(self, loss: Tensor, last: bool) -> None:
