@@ -28,8 +28,9 @@ since the clipped ratio bounds the later ones), four optimiser steps per step of
 (``--mini-batch 8``), turn-level validity credit of weight 1 (``--turn-validity-coef``), step-level
 groups over anchor states of weight 1 (``--step-group-coef``, GiGPO) and bf16 autocast in the update
 (``--bf16``; float32 on a CPU without bf16 units, see ``cpu_bf16_bench.py``). The trainer forwards
-each group's shared prompt once (``share_prompts``, on by default), which fits ~15 % more steps in
-the budget.
+each group's shared prompt once per mini-batch (``share_prompts``, on by default), and the prefix
+that the prompts of a packed row share (BabyAI's system prompt and instructions, 256 tokens) once per
+row (``share_prompt_prefixes``): 0.49 of the tokens of a copy per sample (``shared_prompt_bench.py``).
 4. Held-out success after RL on the same tasks with the same seeds.
 
 Prints each step, then before / after / gain with standard errors (the gain's paired by layout),
@@ -438,7 +439,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--max-tokens-per-turn", type=int, default=36)
     parser.add_argument("--max-context-tokens", type=int, default=2048)
-    parser.add_argument("--micro-batch-tokens", type=int, default=2048)
+    parser.add_argument(
+        "--micro-batch-tokens", type=int, default=4096, help="packed row size (a mini-batch of 8 in one or two rows)"
+    )
     parser.add_argument("--eval-samples", type=int, default=2)
     parser.add_argument("--eval-tasks", type=int, default=None, help="first N tasks of test-easy (default: all 75)")
     parser.add_argument(

@@ -10,6 +10,7 @@ import torch
 
 from agentgym.trainer.packed_attention import PACKED_ATTENTION, AttentionSpan, register_packed_attention
 from agentgym.trainer.packing import (
+    MIN_SHARED_PREFIX,
     PackedRow,
     forward_packed,
     pack_lengths,
@@ -176,13 +177,53 @@ def test_shared_prompt_layout_positions_and_mask() -> None:
     assert row.score_labels().tolist() == [10, 11, 12, 6]
     # sdpa_packed: the prompt with its first response is one causal span; token 12 sees the prompt, then itself.
     spans = row.attention_spans()
-    assert spans == [AttentionSpan(0, 5), AttentionSpan(5, 6, prefix=(0, 3)), AttentionSpan(6, 9)]
+    assert spans == [AttentionSpan(0, 5), AttentionSpan(5, 6, ((0, 3),)), AttentionSpan(6, 9)]
     assert torch.equal(_dense_mask_of(spans, row.num_tokens), expected)
     with pytest.raises(ValueError, match="dense attention mask"):
         row.attention_mask("flash_attention_2")
     # Without sharing, the same sequences keep a prompt each.
     rows = pack_sequences([[1, 2, 3, 10, 11], [1, 2, 3, 12], [4, 5, 6]], [3, 3, 2], 20)
     assert sum(r.num_tokens for r in rows) == 12 and rows[0].attention_mask("flash_attention_2") is None
+
+
+def test_prompts_of_a_row_share_their_common_prefix() -> None:
+    system = list(range(1000, 1000 + MIN_SHARED_PREFIX + 2))  # 18 tokens every prompt starts with
+    a, b = [*system, 1, 2], [*system, 3]
+    sequences = [[*a, 10, 11], [*a, 12], [*b, 13, 14]]
+    [row] = pack_sequences(sequences, [20, 20, 19], 100, share_prompts=True)
+    # [system | 1 2 | 10 11 | 12 | 3 | 13 14]: the system prefix once, then each prompt's own tokens
+    assert row.input_ids.tolist() == [*system, 1, 2, 10, 11, 12, 3, 13, 14]
+    assert row.position_ids.tolist() == [*range(18), 18, 19, 20, 21, 20, 18, 19, 20]
+    n = row.num_tokens
+    assert n == 26
+    # token 13 (row 24) is scored by b's last token (row 23); token 12 (row 22) by a's last (row 19)
+    assert row.score_positions().tolist() == [19, 20, 19, 23, 24]
+    assert row.score_labels().tolist() == [10, 11, 12, 13, 14]
+    spans = row.attention_spans()
+    assert spans == [
+        AttentionSpan(0, 22),  # system, a's own tokens and a's first response: one causal span
+        AttentionSpan(22, 23, ((0, 20),)),  # a's second response sees all of a's prompt
+        AttentionSpan(23, 26, ((0, 18),)),  # b's own token and response, after the system prefix
+    ]
+    mask = row.attention_mask("sdpa")
+    assert mask is not None and torch.equal(mask[0, 0], _dense_mask_of(spans, n))
+    assert not mask[0, 0, 23, 18:23].any()  # b's own token does not see a's tokens
+    with pytest.raises(ValueError, match="dense attention mask"):
+        row.attention_mask("flash_attention_2")
+
+
+def test_a_common_prefix_below_the_minimum_or_a_whole_prompt_is_not_shared() -> None:
+    short = list(range(1000, 1000 + MIN_SHARED_PREFIX - 1))
+    [row] = pack_sequences([[*short, 1, 10], [*short, 2, 20]], [16, 16], 100, share_prompts=True)
+    assert row.num_tokens == 2 * 17 and all(s.prefix_length == 0 for s in row.segments)
+    # one prompt is the start of the other: it keeps its last token (that scores its response)
+    long = list(range(2000, 2048))
+    [row] = pack_sequences([[*long[:20], 7], [*long, 8]], [20, 48], 200, share_prompts=True)
+    # the longer block first: [long[:19] | long[19:48] | 8 | long[19] | 7]
+    assert row.input_ids.tolist() == [*long, 8, long[19], 7]
+    assert [s.prefix_length for s in row.segments] == [19, 19]
+    assert row.score_labels().tolist() == [8, 7]
+    assert row.score_positions().tolist() == [47, 49]
 
 
 def test_shared_prompt_blocks_respect_the_row_size() -> None:
@@ -228,6 +269,39 @@ def test_shared_prompt_logprobs_and_gradients_equal_unpacked(tiny_model: Path, a
         torch.testing.assert_close(grads[name], param.grad, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("attn", [PACKED_ATTENTION, "sdpa", "eager"])
+def test_common_prefix_logprobs_and_gradients_equal_unpacked(tiny_model: Path, attn: str) -> None:
+    model = _load(tiny_model, attn)
+    rng = random.Random(12)
+    system = [rng.randrange(100, 40000) for _ in range(MIN_SHARED_PREFIX + 5)]
+    prompts = [system + [rng.randrange(100, 40000) for _ in range(n)] for n in (6, 1, 9)]
+    responses = [[rng.randrange(100, 40000) for _ in range(n)] for n in (5, 2, 8, 4, 3, 6)]
+    owners = [0, 0, 1, 2, 2, 1]
+    sequences = [prompts[o] + r for o, r in zip(owners, responses, strict=True)]
+    starts = [len(prompts[o]) for o in owners]
+    masks = [torch.tensor([k % 4 != 2 for k in range(len(r))]) for r in responses]
+    [row] = pack_sequences(sequences, starts, 256, score_masks=masks, share_prompts=True)
+    assert row.num_tokens == len(system) + 6 + 1 + 9 + sum(len(r) for r in responses)
+    out = forward_packed(model, row, with_entropy=True, chunk_tokens=5)
+    total = torch.zeros(())
+    for segment, logp in zip(row.segments, out.logprobs, strict=True):
+        i = segment.index
+        with torch.no_grad():
+            reference = response_logprobs_unpacked(model, sequences[i], starts[i])
+        torch.testing.assert_close(logp[masks[i]], reference[masks[i]], atol=1e-5, rtol=1e-5)
+        total = total + logp.sum()
+    total.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    separate = sum(
+        response_logprobs_unpacked(model, s, st)[m].sum() for s, st, m in zip(sequences, starts, masks, strict=True)
+    )
+    separate.backward()  # type: ignore[union-attr]
+    for name, param in model.named_parameters():
+        assert param.grad is not None
+        torch.testing.assert_close(grads[name], param.grad, atol=1e-5, rtol=1e-4)
+
+
 def _dense_mask_of(spans: list[AttentionSpan], n: int) -> torch.Tensor:
     """The ``[n, n]`` mask that attending span by span amounts to."""
     mask = torch.zeros(n, n, dtype=torch.bool)
@@ -235,8 +309,8 @@ def _dense_mask_of(spans: list[AttentionSpan], n: int) -> torch.Tensor:
         mask[span.start : span.end, span.start : span.end] = torch.ones(
             span.end - span.start, span.end - span.start
         ).tril()
-        if span.prefix is not None:
-            mask[span.start : span.end, span.prefix[0] : span.prefix[1]] = True
+        for first, last in span.prefixes:
+            mask[span.start : span.end, first:last] = True
     return mask
 
 

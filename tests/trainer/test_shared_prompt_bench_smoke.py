@@ -22,14 +22,18 @@ def load_bench() -> Any:
 
 def test_shared_prompt_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     bench = load_bench()
-    assert bench.main(["--groups", "2", "--group-size", "2", "--repeats", "1", "--no-bf16"]) == 0
+    argv = ["--groups", "2", "--group-size", "2", "--mini-batch", "4", "--repeats", "1", "--common-prefix", "300"]
+    assert bench.main([*argv, "--no-bf16"]) == 0
     out = capsys.readouterr().out
-    copies = re.search(r"a prompt copy per sample: update ([\d.]+) s .*, (\d+) tokens forwarded", out)
-    shared = re.search(r"shared prompts: update ([\d.]+) s .*, (\d+) tokens forwarded", out)
-    assert copies is not None and shared is not None, out
-    assert float(copies[1]) > 0 and float(shared[1]) > 0
-    assert int(shared[2]) < int(copies[2])  # each group's prompt forwarded once
-    assert "speed-up:" in out
+    forwarded = {}
+    for label in ("a prompt copy per sample", "a copy per group's prompt", "and of the common prefix"):
+        found = re.search(rf"{label}: update ([\d.]+) s .*, (\d+) tokens forwarded", out)
+        assert found is not None, out
+        assert float(found[1]) > 0
+        forwarded[label] = int(found[2])
+    # each group's prompt once, then the 300 tokens both prompts start with once
+    copies, per_group, prefix = forwarded.values()
+    assert copies > per_group and per_group - prefix == 300
     gap = re.search(r"agree within ([\d.e+-]+) ", out)
     assert gap is not None and float(gap[1]) < 1e-3  # the same update, summed in another order
 
@@ -41,3 +45,11 @@ def test_batch_shares_one_prompt_per_group() -> None:
     prompts = {t.group_id: list(t.prompt_token_ids) for t in batch}
     assert all(list(t.prompt_token_ids) == prompts[t.group_id] for t in batch) and len(prompts) == 3
     assert all(len(t.loss_mask) == len(t.response_token_ids) == len(t.sampled_logprobs) for t in batch)
+
+
+def test_batch_prompts_share_the_common_prefix() -> None:
+    bench = load_bench()
+    batch = bench.babyai_shaped_batch(3, 2, 1000, 0, common_prefix=100)
+    prompts = [list(t.prompt_token_ids) for t in batch]
+    assert all(p[:100] == prompts[0][:100] for p in prompts)
+    assert len({tuple(p[100:]) for p in prompts}) == 3  # the groups' prompts differ after it

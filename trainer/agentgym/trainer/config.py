@@ -154,6 +154,9 @@ class RLTrainerConfig:
     share_prompts: bool = True
     """Forward a prompt once for all the sequences that start with it (a group's samples); with sdpa /
     eager attention only (the flash and flex kernels pack by position ids and get separate copies)."""
+    share_prompt_prefixes: bool = True
+    """With ``share_prompts``: the different prompts packed in one row also share one copy of their common
+    prefix (an environment's system prompt and instructions: 256 of BabyAI's ~380 prompt tokens)."""
     total_steps: int = 300
     checkpoint_every: int = 1
     keep_checkpoints: int = 3

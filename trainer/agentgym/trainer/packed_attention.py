@@ -11,7 +11,8 @@ Here the row is cut into spans that tile it in order, and each span attends only
 - a *causal span* ``[start, end)``: a sequence, or a shared prompt together with its first response
   (which follows it in the row), attends causally to itself (``is_causal``, no mask);
 - a *prefixed span*: a later response of a shared prompt attends to the whole prompt and causally
-  to itself (a ``[r, p + r]`` mask).
+  to itself (a ``[r, p + r]`` mask); the prefix may be several ranges of the row (a prompt whose
+  start is the row's common prefix and whose rest sits further on).
 
 Per layer that is one small ``scaled_dot_product_attention`` per span; the outputs are concatenated
 in row order. The result is what the dense mask gives (tested), at ``O(sum r * (p + r))`` instead
@@ -38,17 +39,20 @@ PACKED_ATTENTION = "sdpa_packed"
 
 @dataclass(frozen=True)
 class AttentionSpan:
-    """Row positions ``[start, end)`` that attend causally to themselves, after all of ``prefix`` (if any)."""
+    """Row positions ``[start, end)`` that attend causally to themselves, after all of ``prefixes`` (if any)."""
 
     start: int
     end: int
-    prefix: tuple[int, int] | None = None  # [prefix_start, prefix_end): a shared prompt, seen whole
+    prefixes: tuple[tuple[int, int], ...] = ()  # [first, last) ranges before the span, seen whole, in order
+
+    @property
+    def prefix_length(self) -> int:
+        return sum(last - first for first, last in self.prefixes)
 
     def mask(self, device: torch.device) -> Tensor:
         """``[r, p + r]`` boolean mask of a prefixed span: the whole prefix, then causal over the span."""
-        assert self.prefix is not None
         r = self.end - self.start
-        p = self.prefix[1] - self.prefix[0]
+        p = self.prefix_length
         causal = torch.ones(r, r, dtype=torch.bool, device=device).tril()
         return torch.cat([torch.ones(r, p, dtype=torch.bool, device=device), causal], dim=1)
 
@@ -82,14 +86,13 @@ def packed_sdpa_attention(
         q = query[:, :, span.start : span.end]
         k = key[:, :, span.start : span.end]
         v = value[:, :, span.start : span.end]
-        if span.prefix is None:
+        if not span.prefixes:
             out = F.scaled_dot_product_attention(
                 q, k, v, dropout_p=dropout_p, is_causal=True, scale=scaling, enable_gqa=gqa
             )
         else:
-            first, last = span.prefix
-            k = torch.cat([key[:, :, first:last], k], dim=2)
-            v = torch.cat([value[:, :, first:last], v], dim=2)
+            k = torch.cat([key[:, :, first:last] for first, last in span.prefixes] + [k], dim=2)
+            v = torch.cat([value[:, :, first:last] for first, last in span.prefixes] + [v], dim=2)
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=span.mask(query.device), dropout_p=dropout_p, scale=scaling, enable_gqa=gqa
             )

@@ -32,8 +32,12 @@ and the prompt is often most of each sequence (a BabyAI prompt is ~380 tokens; a
 response_2 | ...``: the prompt is forwarded once, each response continues the prompt's position ids
 and attends to the prompt and to itself only, so every response token gets exactly the log-prob a
 separate forward gives it (tested) and the backward pass sums the prompt's gradient over the
-responses. Needs a dense mask (sdpa / eager); the flash and flex kernels only see restarting
-position ids, so ``attention_mask`` refuses a shared row for them.
+responses. Prompts of different groups in one row usually start alike too (an environment's
+system prompt and instructions, ~300 of BabyAI's ~350 prompt tokens): their longest common prefix
+(at least ``MIN_SHARED_PREFIX`` tokens, never a whole prompt) is forwarded once at the start of the
+row, and each prompt continues from it with its own tokens and position ids, seeing that prefix
+first. Needs a dense mask (sdpa / eager); the flash and flex kernels only see restarting position
+ids, so ``attention_mask`` refuses a shared row for them.
 
 Only the positions that score a response token go through the LM head (``hidden[p]`` scores token
 ``p + 1``): prompt positions never need logits, which saves the ``[N, vocab]`` logits of the
@@ -64,29 +68,49 @@ __all__ = [
     "response_logprobs_unpacked",
 ]
 
+MIN_SHARED_PREFIX = 16
+"""Fewest tokens the prompts of a row must share for the row to forward their common prefix once."""
+
 
 @dataclass(frozen=True)
 class Segment:
     """One sequence inside a packed row."""
 
     index: int  # the sequence's index in the caller's list
-    offset: int  # first token of the sequence's prompt in the row
+    offset: int  # first token of the sequence's prompt in the row (past its part in the row's common prefix)
     length: int  # tokens of the sequence (prompt + response)
     response_start: int  # first response token, relative to the sequence (= prompt length)
     response_offset: int = -1  # first response token in the row; -1: right after the prompt (not shared)
+    prefix_start: int = 0  # the prompt's first prefix_length tokens sit in the row at [prefix_start, ...)
+    prefix_length: int = 0  # 0: the whole prompt is at offset
 
     @property
     def response_length(self) -> int:
         return self.length - self.response_start
 
     @property
+    def prompt_end(self) -> int:
+        """Row position just past the prompt's tokens at ``offset``."""
+        return self.offset + self.response_start - self.prefix_length
+
+    @property
     def response_at(self) -> int:
         """Row position of the first response token."""
-        return self.offset + self.response_start if self.response_offset < 0 else self.response_offset
+        return self.prompt_end if self.response_offset < 0 else self.response_offset
 
     @property
     def shares_prompt(self) -> bool:
-        return self.response_at != self.offset + self.response_start
+        """A later response of a shared prompt: not right after the prompt."""
+        return self.response_at != self.prompt_end
+
+    @property
+    def prompt_ranges(self) -> tuple[tuple[int, int], ...]:
+        """The row ranges holding the prompt, in order (adjacent ones merged)."""
+        own = (self.offset, self.prompt_end)
+        if not self.prefix_length:
+            return (own,)
+        prefix = (self.prefix_start, self.prefix_start + self.prefix_length)
+        return ((prefix[0], own[1]),) if prefix[1] == own[0] else (prefix, own)
 
 
 @dataclass
@@ -116,24 +140,17 @@ class PackedRow:
         attention), which cannot express a shared prompt.
         """
         if kind.startswith("flash_attention") or kind == "flex_attention":
-            if any(segment.shares_prompt for segment in self.segments):
+            if any(segment.shares_prompt or segment.prefix_length for segment in self.segments):
                 raise ValueError(f"a row with shared prompts needs a dense attention mask (sdpa or eager), not {kind}")
             return None
         n = self.num_tokens
-        # block: the row position of the prompt a token belongs to; member: its segment, -1 on prompts.
-        block = torch.full((n,), -1, dtype=torch.long)
-        member = torch.full((n,), -1, dtype=torch.long)
-        for k, segment in enumerate(self.segments):
-            block[segment.offset : segment.offset + segment.response_start] = segment.offset
-            response = slice(segment.response_at, segment.response_at + segment.response_length)
-            block[response] = segment.offset
-            member[response] = k
-        block, member = block.to(device), member.to(device)
-        causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-        same_sequence = (block[:, None] == block[None, :]) & (
-            (member[None, :] == -1) | (member[:, None] == member[None, :])
-        )
-        allowed = (causal & same_sequence).view(1, 1, n, n)
+        allowed = torch.zeros(n, n, dtype=torch.bool)
+        for span in self.attention_spans():
+            width = span.end - span.start
+            allowed[span.start : span.end, span.start : span.end] = torch.ones(width, width, dtype=torch.bool).tril()
+            for first, last in span.prefixes:
+                allowed[span.start : span.end, first:last] = True
+        allowed = allowed.to(device).view(1, 1, n, n)
         if kind == "sdpa":
             return allowed
         zero = torch.zeros((), dtype=dtype, device=device)
@@ -144,18 +161,19 @@ class PackedRow:
         """The row cut into spans for ``sdpa_packed`` (see ``agentgym.trainer.packed_attention``), in row order.
 
         A sequence with its prompt right before its response (unshared, or the first response of a
-        shared prompt) is one causal span from its prompt's start; a later response of a shared
-        prompt is a span after that prompt.
+        shared prompt) is one causal span from its prompt's start, after the row's common prefix if
+        its prompt starts there and the prefix is not right before it; a later response of a shared
+        prompt is a span after that prompt's ranges.
         """
         spans = []
         for segment in self.segments:
+            ranges = segment.prompt_ranges
+            end = segment.response_at + segment.response_length
             if segment.shares_prompt:
                 if segment.response_length:
-                    prompt = (segment.offset, segment.offset + segment.response_start)
-                    start = segment.response_at
-                    spans.append(AttentionSpan(start, start + segment.response_length, prompt))
-            else:
-                spans.append(AttentionSpan(segment.offset, segment.offset + segment.length))
+                    spans.append(AttentionSpan(segment.response_at, end, ranges))
+            else:  # the prompt's last range runs into the response: one causal span from its start
+                spans.append(AttentionSpan(ranges[-1][0], end, ranges[:-1]))
         end = 0
         for span in spans:
             if span.start != end:
@@ -182,7 +200,7 @@ class PackedRow:
         for k, s in enumerate(self.segments):
             scored = self._scored(k)
             before = s.response_at + scored - 1
-            parts.append(torch.where(scored == 0, s.offset + s.response_start - 1, before))
+            parts.append(torch.where(scored == 0, s.prompt_end - 1, before))
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
 
     def score_labels(self) -> Tensor:
@@ -235,12 +253,15 @@ def pack_sequences(
     max_tokens: int,
     score_masks: Sequence[Tensor] | None = None,
     share_prompts: bool = False,
+    share_prefixes: bool = True,
 ) -> list[PackedRow]:
     """Pack token sequences into rows; ``response_starts[i]`` is the prompt length of sequence ``i`` (>= 1).
 
     ``score_masks[i]`` (optional) marks the response tokens of sequence ``i`` that need scores.
     ``share_prompts``: sequences with identical prompts share one copy of it (see the module notes);
     a block of one prompt and its responses holds at most ``max_tokens`` tokens (at least one response).
+    ``share_prefixes`` (with ``share_prompts``): the different prompts of a row share one copy of
+    their common prefix too.
     """
     if len(sequences) != len(response_starts):
         raise ValueError("one response start per sequence")
@@ -267,19 +288,21 @@ def pack_sequences(
 
     rows = []
     for row_blocks in pack_lengths(block_lengths, max_tokens):
-        ids: list[int] = []
-        positions: list[int] = []
+        prompts = [sequences[blocks[b][0]][: response_starts[blocks[b][0]]] for b in row_blocks]
+        shared = _shared_prefix_length(prompts) if share_prompts and share_prefixes else 0
+        ids: list[int] = list(prompts[0][:shared])
+        positions: list[int] = list(range(shared))
         segments = []
         for b in row_blocks:
             block = blocks[b]
             prompt_length = response_starts[block[0]]
             prompt_offset = len(ids)
-            ids.extend(sequences[block[0]][:prompt_length])
-            positions.extend(range(prompt_length))
+            ids.extend(sequences[block[0]][shared:prompt_length])
+            positions.extend(range(shared, prompt_length))
             for n, i in enumerate(block):
                 seq = list(sequences[i])
                 response_offset = len(ids) if n > 0 else -1
-                segments.append(Segment(i, prompt_offset, len(seq), prompt_length, response_offset))
+                segments.append(Segment(i, prompt_offset, len(seq), prompt_length, response_offset, 0, shared))
                 ids.extend(seq[prompt_length:])
                 positions.extend(range(prompt_length, len(seq)))
         masks = None if score_masks is None else [torch.as_tensor(score_masks[s.index]).bool() for s in segments]
@@ -287,6 +310,21 @@ def pack_sequences(
             PackedRow(torch.tensor(ids, dtype=torch.long), torch.tensor(positions, dtype=torch.long), segments, masks)
         )
     return rows
+
+
+def _shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """Tokens all ``prompts`` (two or more) start with, short of the shortest prompt; 0 below ``MIN_SHARED_PREFIX``.
+
+    Every prompt keeps at least its last token of its own: it scores the first response token.
+    """
+    if len(prompts) < 2:
+        return 0
+    limit = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    length = 0
+    while length < limit and all(p[length] == first[length] for p in prompts[1:]):
+        length += 1
+    return length if length >= MIN_SHARED_PREFIX else 0
 
 
 @dataclass

@@ -416,6 +416,7 @@ class RLTrainer:
             self.config.micro_batch_tokens,
             score_masks=[batch.mask[i, : batch.lengths[i]] != 0 for i in indices],
             share_prompts=self._shares_prompts(),
+            share_prefixes=self.config.share_prompt_prefixes,
         )
         return [(row, [indices[s.index] for s in row.segments]) for row in rows]
 
