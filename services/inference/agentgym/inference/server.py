@@ -20,7 +20,7 @@ import logging
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -43,6 +43,7 @@ from agentgym.inference.engine import (
     StaleVersionError,
     WeightLoadError,
 )
+from agentgym.serving import UvicornWithoutSignals
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("agentgym.inference")
@@ -361,14 +362,6 @@ def create_app(engine: Engine, *, manage_engine: bool = False) -> FastAPI:
     return app
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal capture (it re-raises SIGTERM after shutdown, skipping our cleanup)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 async def serve(
     model: str,
     host: str = "127.0.0.1",
@@ -400,7 +393,7 @@ async def serve(
     )
     try:
         app = create_app(engine)
-        server = _Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False))
+        server = UvicornWithoutSignals(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False))
         running = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):  # not in the main thread

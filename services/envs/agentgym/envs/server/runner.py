@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
@@ -15,17 +14,9 @@ from agentgym.envs import environment_class
 from agentgym.envs.server.grpc_api import create_grpc_server
 from agentgym.envs.server.http_api import create_app
 from agentgym.envs.server.manager import EpisodeManager, ManagerConfig
+from agentgym.serving import UvicornWithoutSignals
 
 log = logging.getLogger(__name__)
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal capture: it re-raises SIGTERM after shutdown, which would skip
-    our cleanup (closing environment instances, e.g. SciWorld's JVMs). `serve` handles signals."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 class EnvironmentSettingsError(ValueError):
@@ -70,7 +61,7 @@ async def serve(
             await grpc_server.start()
             log.info("gRPC on %s:%d", host, bound)
         app = create_app(manager, manage_lifecycle=False)
-        server = _Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False))
+        server = UvicornWithoutSignals(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False))
         running = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):  # not in the main thread
