@@ -16,7 +16,6 @@ Usage: python benchmarks/mini_batch_grouping_bench.py [--groups 4] [--group-size
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -32,22 +31,13 @@ from agentgym.trainer.config import RLTrainerConfig
 from agentgym.trainer.trainer import RLTrainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared-prompt bench next to this script
-from shared_prompt_bench import babyai_shaped_batch
+from shared_prompt_bench import babyai_shaped_batch, check_update_bench_args, update_bench_parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="builtin:tiny")
-    parser.add_argument("--groups", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--mini-batch", type=int, default=8, help="trajectories per optimiser step")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--micro-batch-tokens", type=int, default=2048, help="as in the learning check")
-    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = update_bench_parser(__doc__)
     args = parser.parse_args(argv)
-    if min(args.groups, args.group_size, args.mini_batch, args.repeats) < 1:
-        parser.error("--groups, --group-size, --mini-batch and --repeats must be >= 1")
+    check_update_bench_args(parser, args)
 
     work = Path(tempfile.mkdtemp(prefix="mini-batch-grouping-bench-"))
     trainers = {}

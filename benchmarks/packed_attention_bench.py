@@ -15,7 +15,6 @@ Usage: python benchmarks/packed_attention_bench.py [--groups 4] [--group-size 8]
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -32,24 +31,15 @@ from agentgym.trainer.packed_attention import PACKED_ATTENTION
 from agentgym.trainer.trainer import RLTrainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from shared_prompt_bench import babyai_shaped_batch
+from shared_prompt_bench import babyai_shaped_batch, check_update_bench_args, update_bench_parser
 
 ATTENTION_KINDS = ("sdpa", PACKED_ATTENTION)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="builtin:tiny")
-    parser.add_argument("--groups", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--mini-batch", type=int, default=8, help="trajectories per optimiser step")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--micro-batch-tokens", type=int, default=2048, help="as in the learning check")
-    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = update_bench_parser(__doc__)
     args = parser.parse_args(argv)
-    if min(args.groups, args.group_size, args.mini_batch, args.repeats) < 1:
-        parser.error("--groups, --group-size, --mini-batch and --repeats must be >= 1")
+    check_update_bench_args(parser, args)
 
     work = Path(tempfile.mkdtemp(prefix="packed-attention-bench-"))
     trainers = {

@@ -62,20 +62,30 @@ def babyai_shaped_batch(
     return batch
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def update_bench_parser(description: str | None) -> argparse.ArgumentParser:
+    """Options of the update benches (this one, mini-batch grouping, packed attention): the learning check's shape."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="builtin:tiny")
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--mini-batch", type=int, default=8, help="trajectories per optimiser step (learning check: 8)")
+    parser.add_argument("--mini-batch", type=int, default=8, help="trajectories per optimiser step")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--common-prefix", type=int, default=BABYAI_COMMON_PREFIX, help="tokens all prompts share")
     parser.add_argument("--micro-batch-tokens", type=int, default=4096, help="as in the learning check")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def check_update_bench_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if min(args.groups, args.group_size, args.mini_batch, args.repeats) < 1:
         parser.error("--groups, --group-size, --mini-batch and --repeats must be >= 1")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = update_bench_parser(__doc__)
+    parser.add_argument("--common-prefix", type=int, default=BABYAI_COMMON_PREFIX, help="tokens all prompts share")
+    args = parser.parse_args(argv)
+    check_update_bench_args(parser, args)
     if args.common_prefix < 0:
         parser.error("--common-prefix must be >= 0")
 
