@@ -33,7 +33,7 @@ response_2 | ...``: the prompt is forwarded once, each response continues the pr
 and attends to the prompt and to itself only, so every response token gets exactly the log-prob a
 separate forward gives it (tested) and the backward pass sums the prompt's gradient over the
 responses. Prompts of different groups in one row usually start alike too (an environment's
-system prompt and instructions, ~300 of BabyAI's ~350 prompt tokens): their longest common prefix
+system prompt and instructions, 256 of BabyAI's ~380 prompt tokens): their longest common prefix
 (at least ``MIN_SHARED_PREFIX`` tokens, never a whole prompt) is forwarded once at the start of the
 row, and each prompt continues from it with its own tokens and position ids, seeing that prefix
 first. Needs a dense mask (sdpa / eager); the flash and flex kernels only see restarting position
@@ -144,13 +144,14 @@ class PackedRow:
                 raise ValueError(f"a row with shared prompts needs a dense attention mask (sdpa or eager), not {kind}")
             return None
         n = self.num_tokens
-        allowed = torch.zeros(n, n, dtype=torch.bool)
+        allowed = torch.zeros(n, n, dtype=torch.bool, device=device)  # built where it is used: no [N, N] copy
         for span in self.attention_spans():
             width = span.end - span.start
-            allowed[span.start : span.end, span.start : span.end] = torch.ones(width, width, dtype=torch.bool).tril()
+            causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+            allowed[span.start : span.end, span.start : span.end] = causal
             for first, last in span.prefixes:
                 allowed[span.start : span.end, first:last] = True
-        allowed = allowed.to(device).view(1, 1, n, n)
+        allowed = allowed.view(1, 1, n, n)
         if kind == "sdpa":
             return allowed
         zero = torch.zeros((), dtype=dtype, device=device)

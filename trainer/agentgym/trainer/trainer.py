@@ -26,7 +26,7 @@ One step (:meth:`RLTrainer.train_step`)
    ``group_id``; REINFORCE++ and PPO-GAE from token rewards (``agentgym.trainer.rewards``), PPO
    with the separate critic of ``agentgym.trainer.critic``.
 6. ``epochs`` passes over shuffled mini-batches of ``mini_batch_size`` trajectories (whole groups
-   together unless ``mini_batches_by_group`` is off, see :func:`mini_batch_order`); each
+   together with ``mini_batches_by_group``, see :func:`mini_batch_order`); each
    mini-batch is packed into rows of ``micro_batch_tokens`` (``agentgym.trainer.packing``), one
    forward/backward per row, one optimiser step per mini-batch. Shuffling is seeded by
    ``(seed, step)``, so a resumed run makes the same updates.
