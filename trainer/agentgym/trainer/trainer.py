@@ -50,6 +50,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
+from agentgym.allocator import retain_freed_memory
 from agentgym.proto import rl_pb2
 from agentgym.trainer import advantages as adv
 from agentgym.trainer.backend import OptimizerSettings, PolicyEngine, TorchEngine
@@ -243,6 +244,8 @@ class RLTrainer:
     ) -> None:
         self.config = config
         self.device = self._pick_device()
+        if self.device.type == "cpu":
+            retain_freed_memory()  # the [tokens, vocab] logits and their gradients reuse freed buffers each step
         self.param_dtype = self._param_dtype()
         self.autocast_dtype = self._autocast_dtype()
         self.model_folder: Path | None = None

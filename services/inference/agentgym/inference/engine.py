@@ -76,6 +76,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from agentgym.allocator import retain_freed_memory
 from agentgym.inference.kv import GrowingLayer, compaction, spare_columns
 from agentgym.inference.metrics import InferenceMetrics
 from agentgym.inference.models import ModelError, load_tokenizer, resolve_model
@@ -379,6 +380,8 @@ class Engine:
         self._backend_tokenizer = self.tokenizer.backend_tokenizer
         if num_threads is not None:
             torch.set_num_threads(num_threads)
+        if self.device.type == "cpu":
+            retain_freed_memory()  # the [batch, vocab] logits of every decode step reuse freed buffers
         self._model = load_model(self.model_dir, self.device, self.dtype)
         self._cache_kw = _cache_argument(self._model)
         self.vocab_size = int(self._model.config.vocab_size)
