@@ -14,6 +14,7 @@ from agentgym.trainer.losses import (
     entropy_from_logits,
     kl_loss,
     kl_penalty,
+    linear_token_logprobs,
     policy_loss,
     sft_loss,
     token_logprobs,
@@ -249,3 +250,80 @@ def test_dpo_loss() -> None:
     # label smoothing 0.1: 0.9 log(1 + e^-0.2) + 0.1 log(1 + e^0.2)
     loss_s, _, _ = dpo_loss(pc, pr, rc, rr, beta=0.1, label_smoothing=0.1)
     close(loss_s, 0.9 * math.log1p(math.exp(-0.2)) + 0.1 * math.log1p(math.exp(0.2)))
+
+
+# ---------------------------------------------------------------------------------------------
+# LM head and label log-probs in one op
+# ---------------------------------------------------------------------------------------------
+
+
+def test_linear_token_logprobs_by_hand() -> None:
+    # H = 1, V = 3: W = [1, 2, 0], h = 1, label 1 -> z = [1, 2, 0]
+    weight = torch.tensor([[1.0], [2.0], [0.0]], dtype=torch.float64, requires_grad=True)
+    hidden = torch.tensor([[1.0]], dtype=torch.float64, requires_grad=True)
+    logp, entropy = linear_token_logprobs(hidden, weight, torch.tensor([1]), with_entropy=True)
+    total = math.e + math.e**2 + 1.0
+    p = [math.e / total, math.e**2 / total, 1.0 / total]
+    close(logp, [2.0 - math.log(total)], atol=1e-12)
+    close(entropy, [-sum(q * math.log(q) for q in p)], atol=1e-12)
+    (3.0 * logp).sum().backward()  # upstream gradient 3
+    # d logp / d z_v = 1[v = 1] - p_v; d z_v / d h = W_v, d z_v / d W_v = h = 1
+    dz = [-p[0], 1.0 - p[1], -p[2]]
+    assert hidden.grad is not None and weight.grad is not None
+    close(hidden.grad, [[3.0 * (dz[0] * 1.0 + dz[1] * 2.0 + dz[2] * 0.0)]], atol=1e-12)
+    close(weight.grad, [[3.0 * d] for d in dz], atol=1e-12)
+
+
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_linear_token_logprobs_match_log_softmax(with_entropy: bool) -> None:
+    generator = torch.Generator().manual_seed(0)
+    hidden0 = torch.randn(7, 5, generator=generator, dtype=torch.float64)
+    weight0 = torch.randn(11, 5, generator=generator, dtype=torch.float64)
+    labels = torch.randint(0, 11, (7,), generator=generator)
+    upstream = torch.randn(7, generator=generator, dtype=torch.float64)
+
+    hidden, weight = hidden0.clone().requires_grad_(), weight0.clone().requires_grad_()
+    logp, entropy = linear_token_logprobs(hidden, weight, labels, with_entropy)
+    (upstream * logp).sum().backward()
+
+    hidden_ref, weight_ref = hidden0.clone().requires_grad_(), weight0.clone().requires_grad_()
+    logits = hidden_ref @ weight_ref.t()
+    logp_ref = torch.log_softmax(logits, dim=-1).gather(1, labels[:, None])[:, 0]
+    (upstream * logp_ref).sum().backward()
+
+    torch.testing.assert_close(logp, logp_ref.detach(), atol=1e-12, rtol=0)
+    z = logits.detach()
+    expected_entropy = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
+    if not with_entropy:
+        expected_entropy = torch.zeros(7, dtype=torch.float64)
+    torch.testing.assert_close(entropy, expected_entropy, atol=1e-12, rtol=0)
+    assert not entropy.requires_grad  # a metric
+    torch.testing.assert_close(hidden.grad, hidden_ref.grad, atol=1e-12, rtol=0)
+    torch.testing.assert_close(weight.grad, weight_ref.grad, atol=1e-12, rtol=0)
+
+
+def test_linear_token_logprobs_under_checkpoint_and_shared_weight() -> None:
+    # The tied embedding: the head weight also feeds the input side; gradients add up.
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(9, 4, generator=generator, dtype=torch.float64, requires_grad=True)
+    ids, labels = torch.tensor([1, 5, 2]), torch.tensor([5, 2, 8])
+
+    def loss(fn: object) -> torch.Tensor:
+        hidden = torch.tanh(weight[ids])
+        if fn is None:
+            return torch.log_softmax(hidden @ weight.t(), dim=-1).gather(1, labels[:, None]).sum()
+        logp = torch.utils.checkpoint.checkpoint(
+            lambda h: linear_token_logprobs(h, weight, labels)[0], hidden, use_reentrant=False
+        )
+        return logp.sum()
+
+    (grad_ref,) = torch.autograd.grad(loss(None), weight)
+    (grad,) = torch.autograd.grad(loss(linear_token_logprobs), weight)
+    torch.testing.assert_close(grad, grad_ref, atol=1e-12, rtol=0)
+
+
+def test_linear_token_logprobs_rejects_bad_shapes() -> None:
+    with pytest.raises(ValueError, match="hidden"):
+        linear_token_logprobs(torch.zeros(2, 3), torch.zeros(5, 4), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="labels"):
+        linear_token_logprobs(torch.zeros(2, 3), torch.zeros(5, 3), torch.zeros(3, dtype=torch.long))

@@ -24,7 +24,7 @@ others). An all-masked batch gives a loss of 0 that is still part of the graph.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +41,7 @@ __all__ = [
     "entropy_from_logits",
     "kl_loss",
     "kl_penalty",
+    "linear_token_logprobs",
     "policy_loss",
     "sft_loss",
     "token_logprobs",
@@ -176,6 +177,78 @@ def token_logprobs(logits: Tensor, labels: Tensor) -> Tensor:
     safe = torch.where(valid, labels, torch.zeros_like(labels))
     logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, safe.unsqueeze(-1)).squeeze(-1)
     return torch.where(valid, logp, torch.zeros_like(logp))
+
+
+class _LinearTokenLogprobs(torch.autograd.Function):
+    """The LM head and the log-prob of each label in one op (see :func:`linear_token_logprobs`)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        labels: Tensor,
+        with_entropy: bool,
+    ) -> tuple[Tensor, Tensor]:
+        logits = torch.mm(hidden, weight.t())  # under autocast: the matmul in its dtype
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()  # softmax statistics in float32 at least
+        lse = torch.logsumexp(logits, dim=-1)
+        logp = logits.gather(1, labels.unsqueeze(1)).squeeze(1) - lse
+        log_probs = logits.sub_(lse.unsqueeze(1))  # in place: the logits are not needed again
+        if with_entropy:
+            probs = log_probs.exp()
+            # -sum_v p_v log p_v as a batched dot product: no [n, V] temporary
+            entropy = -torch.bmm(probs.unsqueeze(1), log_probs.unsqueeze(2)).view(-1)
+        else:
+            probs = log_probs.exp_()
+            entropy = torch.zeros_like(logp)
+        device_type = hidden.device.type
+        ctx.autocast = (device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
+        ctx.save_for_backward(hidden, weight, labels, probs)
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad_logp: Tensor, grad_entropy: Tensor | None
+    ) -> tuple[Tensor | None, Tensor | None, None, None]:
+        hidden, weight, labels, probs = ctx.saved_tensors
+        # d logp_i / d z_iv = 1[v = y_i] - p_iv
+        grad_logits = probs * (-grad_logp).unsqueeze(1)
+        grad_logits[torch.arange(labels.shape[0], device=labels.device), labels] += grad_logp
+        device_type, enabled, dtype = ctx.autocast
+        if not enabled:
+            grad_logits = grad_logits.to(weight.dtype)  # half-precision parameters: matmuls in their dtype
+        with torch.autocast(device_type=device_type, dtype=dtype, enabled=enabled):
+            grad_hidden = torch.mm(grad_logits, weight) if ctx.needs_input_grad[0] else None
+            grad_weight = torch.mm(grad_logits.t(), hidden) if ctx.needs_input_grad[1] else None
+        return grad_hidden, grad_weight, None, None
+
+
+def linear_token_logprobs(
+    hidden: Tensor, weight: Tensor, labels: Tensor, with_entropy: bool = False
+) -> tuple[Tensor, Tensor]:
+    """Log-prob of each label under an LM head without bias, and (as a metric, no gradient) the entropy.
+
+    For hidden states ``h`` ``[n, H]``, head weight ``W`` ``[V, H]`` and labels ``y`` ``[n]``::
+
+        z_i = W h_i,   lse_i = log sum_v exp(z_iv),   logp_i = z_{i, y_i} - lse_i
+        H_i = - sum_v p_iv log p_iv   with   p_iv = exp(z_iv - lse_i)
+        d logp_i / d z_iv = 1[v = y_i] - p_iv
+
+    The same values and gradients as ``log_softmax(h @ W.T).gather(y)``, with fewer passes over the
+    ``[n, V]`` logits: it keeps only the softmax ``p`` for the backward pass (where ``log_softmax``
+    keeps its output and its backward builds a zero-filled ``[n, V]`` gradient for the gather and
+    another for the softmax), and the entropy reuses ``p``. Labels must lie in ``[0, V)``.
+    Returns ``(logp, entropy)``, each ``[n]``; the entropy is zeros without ``with_entropy``.
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"hidden [n, H] and weight [V, H] expected, got {tuple(hidden.shape)}, {tuple(weight.shape)}")
+    if labels.shape != hidden.shape[:1]:
+        raise ValueError(f"labels must be [n] for hidden {tuple(hidden.shape)}, got {tuple(labels.shape)}")
+    logp, entropy = _LinearTokenLogprobs.apply(hidden, weight, labels, with_entropy)
+    return logp, entropy
 
 
 # --------------------------------------------------------------------------------------------

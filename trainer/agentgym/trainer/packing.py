@@ -41,7 +41,9 @@ ids, so ``attention_mask`` refuses a shared row for them.
 
 Only the positions that score a response token go through the LM head (``hidden[p]`` scores token
 ``p + 1``): prompt positions never need logits, which saves the ``[N, vocab]`` logits of the
-prompt. The head runs in chunks; with ``checkpoint_chunks`` each chunk's logits are recomputed in
+prompt. A plain linear head and the log-probs of the labels are one op
+(`agentgym.trainer.losses.linear_token_logprobs`: fewer passes over the logits) unless the entropy
+needs a gradient. The head runs in chunks; with ``checkpoint_chunks`` each chunk's logits are recomputed in
 the backward pass instead of being stored (bounded memory for long rows and large vocabularies).
 """
 
@@ -55,7 +57,7 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
-from agentgym.trainer.losses import entropy_from_logits
+from agentgym.trainer.losses import entropy_from_logits, linear_token_logprobs
 from agentgym.trainer.packed_attention import PACKED_ATTENTION, AttentionSpan
 
 __all__ = [
@@ -337,9 +339,18 @@ class SequenceOutputs:
     values: list[Tensor] | None = None
 
 
+def _fusable_head(head: Callable[[Tensor], Tensor]) -> bool:
+    """A plain bias-free linear head whose weight is all here (not a ZeRO-3 partition, which only its
+    module's forward gathers): `linear_token_logprobs` can take its weight directly."""
+    return isinstance(head, nn.Linear) and head.bias is None and not hasattr(head.weight, "ds_id")
+
+
 def _head_chunk(
     hidden: Tensor, labels: Tensor, head: Callable[[Tensor], Tensor], with_entropy: bool, entropy_grad: bool
 ) -> tuple[Tensor, Tensor]:
+    if _fusable_head(head) and not (with_entropy and entropy_grad):
+        assert isinstance(head, nn.Linear)
+        return linear_token_logprobs(hidden, head.weight, labels, with_entropy)
     logits = head(hidden).float()
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, labels.unsqueeze(-1)).squeeze(-1)

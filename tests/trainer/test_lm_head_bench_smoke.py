@@ -1,0 +1,37 @@
+"""benchmarks/lm_head_bench.py runs end to end at a small size (the figures are measured by hand)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "lm_head_bench.py"
+
+
+def load_bench() -> Any:
+    spec = importlib.util.spec_from_file_location("lm_head_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_lm_head_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = load_bench()
+    from agentgym.trainer import packing
+
+    fusable = packing._fusable_head
+    argv = ["--tokens", "4", "--groups", "1", "--group-size", "2", "--mini-batch", "2", "--repeats", "1", "--no-bf16"]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    head = re.search(r"head, +4 tokens .* fused +([\d.]+) ms, .* agree within ([\d.e+-]+)", out)
+    assert head is not None, out
+    assert float(head[2]) < 1e-4  # the same log-probs, entropies and gradients
+    update = re.search(r"last grad norms ([\d.]+) / ([\d.]+)", out)
+    assert update is not None, out
+    assert float(update[1]) == pytest.approx(float(update[2]), rel=1e-4)
+    assert packing._fusable_head is fusable  # the unfused setting is undone
