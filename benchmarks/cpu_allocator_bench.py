@@ -38,13 +38,11 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the update bench next to this script makes the batch
-from shared_prompt_bench import babyai_shaped_batch
+from shared_prompt_bench import babyai_shaped_batch, update_bench_parser, update_bench_trainer
 
 from agentgym.allocator import DISABLE_VARIABLE, retain_freed_memory
 from agentgym.inference.engine import Engine, SamplingParams
 from agentgym.inference.models import resolve_model
-from agentgym.trainer.config import RLTrainerConfig
-from agentgym.trainer.trainer import RLTrainer
 
 SETTINGS = {"glibc defaults": "0", "retained": "1"}  # label: AGENTGYM_RETAIN_FREED_MEMORY
 
@@ -67,20 +65,7 @@ def time_exp(tokens: int, vocab: int, repeats: int) -> float:
 
 
 def time_update(args: argparse.Namespace, work: Path) -> tuple[float, float]:
-    config = RLTrainerConfig(
-        model=args.model,
-        output_dir=work / "update",
-        algorithm="grpo",
-        group_size=args.group_size,
-        mini_batch_size=args.mini_batch,
-        learning_rate=1e-5,
-        kl_coef=0.0,
-        micro_batch_tokens=args.micro_batch_tokens,
-        tensorboard=False,
-        otel_metrics=False,
-        seed=args.seed,
-    )
-    trainer = RLTrainer(config, write_metrics=False)
+    trainer = update_bench_trainer(args, work / "update")
     model_config: Any = trainer.policy.config
     vocab = int(model_config.vocab_size)
     times, tokens = [], 0.0
@@ -140,19 +125,13 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = update_bench_parser(__doc__)  # the update's shape: the learning check's
+    parser.set_defaults(repeats=3)  # of each measurement in a child
     parser.add_argument("--rounds", type=int, default=2, help="child processes per setting, alternating")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats of each measurement in a child")
-    parser.add_argument("--model", default="builtin:tiny")
     parser.add_argument("--head-tokens", type=int, default=800)
-    parser.add_argument("--groups", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--mini-batch", type=int, default=8)
-    parser.add_argument("--micro-batch-tokens", type=int, default=4096)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=380)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     counts = ("rounds", "repeats", "head_tokens", "groups", "group_size", "mini_batch", "concurrency", "max_tokens")

@@ -29,13 +29,11 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the update bench next to this script makes the batch
-from shared_prompt_bench import babyai_shaped_batch, check_update_bench_args, update_bench_parser
+from shared_prompt_bench import babyai_shaped_batch, check_update_bench_args, update_bench_parser, update_bench_trainer
 
 from agentgym.allocator import retain_freed_memory
 from agentgym.trainer import packing
-from agentgym.trainer.config import RLTrainerConfig
 from agentgym.trainer.losses import linear_token_logprobs
-from agentgym.trainer.trainer import RLTrainer
 
 HeadFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -97,21 +95,7 @@ def update_bench(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="lm-head-bench-"))
     trainers = {}
     for label in ("unfused", "fused"):
-        config = RLTrainerConfig(
-            model=args.model,
-            output_dir=work / label,
-            algorithm="grpo",
-            group_size=args.group_size,
-            mini_batch_size=args.mini_batch,
-            learning_rate=1e-5,
-            kl_coef=0.0,
-            micro_batch_tokens=args.micro_batch_tokens,
-            bf16=args.bf16,
-            tensorboard=False,
-            otel_metrics=False,
-            seed=args.seed,
-        )
-        trainers[label] = RLTrainer(config, write_metrics=False)
+        trainers[label] = update_bench_trainer(args, work / label)
     model_config: Any = trainers["fused"].policy.config
     fusable = packing._fusable_head
     seconds: dict[str, list[float]] = {label: [] for label in trainers}

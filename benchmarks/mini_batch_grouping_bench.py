@@ -27,11 +27,8 @@ from typing import Any
 
 import torch
 
-from agentgym.trainer.config import RLTrainerConfig
-from agentgym.trainer.trainer import RLTrainer
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared-prompt bench next to this script
-from shared_prompt_bench import babyai_shaped_batch, check_update_bench_args, update_bench_parser
+from shared_prompt_bench import babyai_shaped_batch, check_update_bench_args, update_bench_parser, update_bench_trainer
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,22 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="mini-batch-grouping-bench-"))
     trainers = {}
     for by_group in (False, True):
-        config = RLTrainerConfig(
-            model=args.model,
-            output_dir=work / ("by-group" if by_group else "shuffled"),
-            algorithm="grpo",
-            group_size=args.group_size,
-            mini_batch_size=args.mini_batch,
-            mini_batches_by_group=by_group,
-            learning_rate=1e-5,
-            kl_coef=0.0,
-            micro_batch_tokens=args.micro_batch_tokens,
-            bf16=args.bf16,
-            tensorboard=False,
-            otel_metrics=False,
-            seed=args.seed,
-        )
-        trainers[by_group] = RLTrainer(config, write_metrics=False)
+        output_dir = work / ("by-group" if by_group else "shuffled")
+        trainers[by_group] = update_bench_trainer(args, output_dir, mini_batches_by_group=by_group)
     model_config: Any = trainers[False].policy.config
     vocab = int(model_config.vocab_size)
     print(f"# mini-batch grouping bench, {args.model}, {os.cpu_count()} CPUs, torch {torch.__version__}")

@@ -28,10 +28,9 @@ import torch
 
 from agentgym.trainer.config import RLTrainerConfig
 from agentgym.trainer.packed_attention import PACKED_ATTENTION
-from agentgym.trainer.trainer import RLTrainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from shared_prompt_bench import babyai_shaped_batch, check_update_bench_args, update_bench_parser
+from shared_prompt_bench import babyai_shaped_batch, check_update_bench_args, update_bench_parser, update_bench_trainer
 
 ATTENTION_KINDS = ("sdpa", PACKED_ATTENTION)
 
@@ -42,24 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_update_bench_args(parser, args)
 
     work = Path(tempfile.mkdtemp(prefix="packed-attention-bench-"))
+    # With the config's KL (a reference forward in both settings), as this bench always measured.
     trainers = {
-        kind: RLTrainer(
-            RLTrainerConfig(
-                model=args.model,
-                output_dir=work / kind,
-                algorithm="grpo",
-                group_size=args.group_size,
-                mini_batch_size=args.mini_batch,
-                learning_rate=1e-5,
-                micro_batch_tokens=args.micro_batch_tokens,
-                attn_implementation=kind,
-                bf16=args.bf16,
-                tensorboard=False,
-                otel_metrics=False,
-                seed=args.seed,
-            ),
-            write_metrics=False,
-        )
+        kind: update_bench_trainer(args, work / kind, attn_implementation=kind, kl_coef=RLTrainerConfig.kl_coef)
         for kind in ATTENTION_KINDS
     }
     model_config: Any = trainers["sdpa"].policy.config

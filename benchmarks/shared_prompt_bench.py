@@ -76,6 +76,25 @@ def update_bench_parser(description: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+def update_bench_trainer(args: argparse.Namespace, output_dir: Path, **overrides: Any) -> RLTrainer:
+    """A GRPO trainer of the update benches, shaped by ``args`` (no KL, learning rate 1e-5), plus ``overrides``."""
+    settings: dict[str, Any] = {
+        "model": args.model,
+        "output_dir": output_dir,
+        "algorithm": "grpo",
+        "group_size": args.group_size,
+        "mini_batch_size": args.mini_batch,
+        "learning_rate": 1e-5,
+        "kl_coef": 0.0,
+        "micro_batch_tokens": args.micro_batch_tokens,
+        "bf16": args.bf16,
+        "tensorboard": False,
+        "otel_metrics": False,
+        "seed": args.seed,
+    }
+    return RLTrainer(RLTrainerConfig(**(settings | overrides)), write_metrics=False)
+
+
 def check_update_bench_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if min(args.groups, args.group_size, args.mini_batch, args.repeats) < 1:
         parser.error("--groups, --group-size, --mini-batch and --repeats must be >= 1")
@@ -92,23 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="shared-prompt-bench-"))
     trainers = {}
     for n, (label, (share, prefixes)) in enumerate(SETTINGS.items()):
-        config = RLTrainerConfig(
-            model=args.model,
-            output_dir=work / str(n),
-            algorithm="grpo",
-            group_size=args.group_size,
-            mini_batch_size=args.mini_batch,
-            learning_rate=1e-5,
-            kl_coef=0.0,
-            micro_batch_tokens=args.micro_batch_tokens,
-            share_prompts=share,
-            share_prompt_prefixes=prefixes,
-            bf16=args.bf16,
-            tensorboard=False,
-            otel_metrics=False,
-            seed=args.seed,
-        )
-        trainers[label] = RLTrainer(config, write_metrics=False)
+        trainers[label] = update_bench_trainer(args, work / str(n), share_prompts=share, share_prompt_prefixes=prefixes)
     model_config: Any = trainers["a prompt copy per sample"].policy.config
     vocab = int(model_config.vocab_size)
     print(f"# shared-prompt update bench, {args.model}, {os.cpu_count()} CPUs, torch {torch.__version__}")

@@ -5,7 +5,7 @@ glibc's malloc serves every request above its mmap threshold (128 KiB, raised at
 step allocates the same large tensors again and again: the ``[tokens, vocab]`` logits of the LM head
 (150 MB for 800 tokens of a 49k vocabulary), their softmax, their gradients. Each new one is a fresh
 mapping, and the kernel faults in and zeroes every 4 KiB page at first touch. On a 2-core EPYC that
-made ``exp`` over such a tensor 3.5x slower than the same op writing into a reused buffer
+made ``exp`` over such a tensor 3x slower than the same op writing into a reused buffer
 (``benchmarks/cpu_allocator_bench.py``).
 
 `retain_freed_memory` raises the mmap threshold and the trim threshold to ``limit`` bytes
@@ -61,8 +61,9 @@ def _set_thresholds(libc: ctypes.CDLL, value: int) -> bool:
 def retain_freed_memory(limit: int = RETAINED_BYTES) -> bool:
     """Serve allocations up to ``limit`` bytes from malloc's heap and keep freed ones for reuse.
 
-    Process-wide and idempotent. Returns whether the setting is in effect: False off glibc, when
-    ``AGENTGYM_RETAIN_FREED_MEMORY=0``, or when glibc refuses the value.
+    Process-wide and idempotent. Returns True once the thresholds are set; False, changing nothing,
+    off glibc, when ``AGENTGYM_RETAIN_FREED_MEMORY=0`` (or ``false``, ``no``, ``off``), or when glibc
+    refuses the value.
     """
     global _retained
     if not 0 < limit < 2**31:

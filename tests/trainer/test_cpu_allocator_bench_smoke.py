@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
-from typing import Any
 
 import pytest
+from trainer_helpers import load_benchmark
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "cpu_allocator_bench.py"
 SMALL = ["--rounds", "1", "--repeats", "1", "--head-tokens", "8", "--groups", "1", "--group-size", "2"]
 SMALL += ["--mini-batch", "2", "--concurrency", "2", "--prompt-tokens", "16", "--max-tokens", "2"]
 
 
-def load_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("cpu_allocator_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
-
 @pytest.mark.slow
 def test_cpu_allocator_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
-    bench = load_bench()
+    bench = load_benchmark("cpu_allocator_bench.py")
     assert bench.main(SMALL) == 0
     out = capsys.readouterr().out
     for label in ("glibc defaults", "retained"):
@@ -35,7 +24,7 @@ def test_cpu_allocator_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cpu_allocator_bench_rejects_bad_counts() -> None:
-    bench = load_bench()
+    bench = load_benchmark("cpu_allocator_bench.py")
     with pytest.raises(SystemExit):
         bench.parse_args(["--rounds", "0"])
     with pytest.raises(SystemExit):

@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
-from typing import Any
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "lm_head_bench.py"
-
-
-def load_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("lm_head_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+from trainer_helpers import load_benchmark
 
 
 def test_lm_head_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
-    bench = load_bench()
+    bench = load_benchmark("lm_head_bench.py")
     from agentgym.trainer import packing
 
     fusable = packing._fusable_head

@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
-from typing import Any
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "shared_prompt_bench.py"
-
-
-def load_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("shared_prompt_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+from trainer_helpers import load_benchmark
 
 
 def test_shared_prompt_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
-    bench = load_bench()
+    bench = load_benchmark("shared_prompt_bench.py")
     argv = ["--groups", "2", "--group-size", "2", "--mini-batch", "4", "--repeats", "1", "--common-prefix", "300"]
     assert bench.main([*argv, "--no-bf16"]) == 0
     out = capsys.readouterr().out
@@ -39,7 +27,7 @@ def test_shared_prompt_bench_smoke(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_batch_shares_one_prompt_per_group() -> None:
-    bench = load_bench()
+    bench = load_benchmark("shared_prompt_bench.py")
     batch = bench.babyai_shaped_batch(3, 4, 1000, 0)
     assert len(batch) == 12
     prompts = {t.group_id: list(t.prompt_token_ids) for t in batch}
@@ -48,7 +36,7 @@ def test_batch_shares_one_prompt_per_group() -> None:
 
 
 def test_batch_prompts_share_the_common_prefix() -> None:
-    bench = load_bench()
+    bench = load_benchmark("shared_prompt_bench.py")
     batch = bench.babyai_shaped_batch(3, 2, 1000, 0, common_prefix=100)
     prompts = [list(t.prompt_token_ids) for t in batch]
     assert all(p[:100] == prompts[0][:100] for p in prompts)

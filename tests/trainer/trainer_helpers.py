@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import random
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -79,3 +82,13 @@ def fill_logprobs(model: torch.nn.Module, trajectories: list[rl_pb2.Trajectory])
             lp = response_logprobs_unpacked(model, ids, len(t.prompt_token_ids)).tolist()
             del t.sampled_logprobs[:]
             t.sampled_logprobs.extend([v if m else 0.0 for v, m in zip(lp, t.loss_mask, strict=True)])
+
+
+def load_benchmark(script: str, module_name: str | None = None) -> Any:
+    """The module of ``benchmarks/<script>`` (benchmarks are scripts, not a package)."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / script
+    spec = importlib.util.spec_from_file_location(module_name or path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
