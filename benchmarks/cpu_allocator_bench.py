@@ -51,6 +51,19 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+def memory_status_mb(field: str) -> float:
+    """``VmHWM`` (peak RSS) or ``VmRSS`` of this process from ``/proc/self/status``, in MB.
+
+    Not ``ru_maxrss``: Linux carries that over from the parent across fork and exec, so a child
+    started by a process that peaked higher reports the parent's peak.
+    """
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) / 1024.0
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
 def time_exp(tokens: int, vocab: int, repeats: int) -> float:
     logprobs = torch.log_softmax(torch.randn(tokens, vocab), dim=-1)
     times = []
@@ -120,7 +133,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "update_tokens": tokens,
         "decode_s": decode_s,
         "minor_faults": minor_faults() - faults,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "peak_rss_mb": memory_status_mb("VmHWM"),
     }
 
 

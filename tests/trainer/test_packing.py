@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from agentgym.trainer import packing
 from agentgym.trainer.packed_attention import PACKED_ATTENTION, AttentionSpan, register_packed_attention
 from agentgym.trainer.packing import (
     MIN_SHARED_PREFIX,
@@ -340,3 +342,29 @@ def test_sdpa_packed_without_spans_is_sdpa(tiny_model: Path) -> None:
         a = packed(input_ids=ids, attention_mask=attention).logits
         b = plain(input_ids=ids, attention_mask=attention).logits
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_plain_linear_heads_take_the_fused_log_probs(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[bool] = []
+    fused = packing.linear_token_logprobs
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(True)
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(packing, "linear_token_logprobs", spy)
+    hidden, labels = torch.randn(3, 4), torch.tensor([0, 5, 2])
+    plain = torch.nn.Linear(4, 6, bias=False)
+    expected = torch.log_softmax(plain(hidden), dim=-1).gather(1, labels[:, None])[:, 0]
+    cases = [  # head, entropy with a gradient, fused
+        (plain, False, True),
+        (plain, True, False),  # an entropy bonus needs the logits' graph: the general path
+        (torch.nn.Linear(4, 6, bias=True), False, False),
+        (lambda h: plain(h), False, False),
+    ]
+    for head, entropy_grad, takes_fused in cases:
+        calls.clear()
+        logp, _ = packing._head_chunk(hidden, labels, head, with_entropy=True, entropy_grad=entropy_grad)
+        assert bool(calls) == takes_fused
+        if head is plain or not isinstance(head, torch.nn.Linear):
+            torch.testing.assert_close(logp, expected)
