@@ -63,13 +63,17 @@ def retain_freed_memory(limit: int = RETAINED_BYTES) -> bool:
 
     Process-wide and idempotent. Returns True once the thresholds are set; False, changing nothing,
     off glibc, when ``AGENTGYM_RETAIN_FREED_MEMORY=0`` (or ``false``, ``no``, ``off``), or when glibc
-    refuses the value.
+    refuses the value. Any other value of that variable than these or ``1``/``true``/``yes``/``on``
+    is a ``ValueError`` naming it.
     """
     global _retained
     if not 0 < limit < 2**31:
         raise ValueError(f"limit must be in (0, 2**31) bytes (mallopt takes an int), got {limit}")
-    if os.environ.get(DISABLE_VARIABLE, "1").strip().lower() in ("0", "false", "no", "off"):
+    setting = os.environ.get(DISABLE_VARIABLE, "").strip().lower()
+    if setting in ("0", "false", "no", "off"):
         return False
+    if setting not in ("", "1", "true", "yes", "on"):
+        raise ValueError(f"{DISABLE_VARIABLE}={setting!r}: use 0/false/no/off to turn it off, 1/true/yes/on (default)")
     with _lock:
         if _retained == limit:
             return True

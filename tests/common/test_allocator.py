@@ -62,3 +62,9 @@ def test_limit_must_fit_mallopt() -> None:
 def test_disabled_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(DISABLE_VARIABLE, "off")
     assert retain_freed_memory() is False
+
+
+def test_an_unknown_setting_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(DISABLE_VARIABLE, "sometimes")
+    with pytest.raises(ValueError, match="AGENTGYM_RETAIN_FREED_MEMORY='sometimes'"):
+        retain_freed_memory()
