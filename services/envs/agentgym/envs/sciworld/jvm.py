@@ -400,6 +400,10 @@ class ScienceWorldJVM:
     def failure_reason(self) -> str:
         """Why the JVM is gone (exit status and the last lines it wrote on stderr)."""
         code = self.process.poll()
+        if code is not None and self._stderr is not threading.current_thread():
+            # The exit may be seen (on stdout, or by poll) before the stderr thread has read the
+            # JVM's last words; they are what says why, so wait briefly for that pipe's end.
+            self._stderr.join(timeout=5)
         tail = " | ".join(line for line in list(self._stderr.tail)[-6:] if line.strip())
         text = f"ScienceWorld JVM (pid {self.process.pid}) {'died' if code is not None else 'stopped answering'}"
         text += f" ({_describe_exit(code)})"
