@@ -29,7 +29,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,7 +37,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the update bench next to this script makes the batch
-from shared_prompt_bench import babyai_shaped_batch, update_bench_parser, update_bench_trainer
+from shared_prompt_bench import babyai_shaped_batch, scratch_dir, update_bench_parser, update_bench_trainer
 
 from agentgym.allocator import DISABLE_VARIABLE, retain_freed_memory
 from agentgym.inference.engine import Engine, SamplingParams
@@ -120,7 +119,7 @@ async def time_decode(args: argparse.Namespace, model_dir: Path) -> float:
 def child(args: argparse.Namespace) -> dict[str, Any]:
     if os.environ.get(DISABLE_VARIABLE) != "0":
         assert retain_freed_memory(), "this platform keeps no freed memory (not glibc)"
-    work = Path(tempfile.mkdtemp(prefix="cpu-allocator-bench-"))
+    work = scratch_dir("cpu-allocator-bench-")
     faults = minor_faults()
     exp_s = time_exp(args.head_tokens, 49152, max(args.repeats, 5))
     exp_faults = minor_faults() - faults

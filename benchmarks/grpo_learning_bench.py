@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import math
 import os
@@ -264,6 +265,7 @@ async def main(args: argparse.Namespace) -> int:
         print(f"error: --validation-tasks: {error}", file=sys.stderr)
         return 2
     work = Path(tempfile.mkdtemp(prefix="grpo-learning-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # the engine's weights, several hundred MB
     config = RLTrainerConfig(
         model=str(warm_start) if reuse_warm_start else "builtin:tiny",
         output_dir=work,

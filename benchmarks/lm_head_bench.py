@@ -25,7 +25,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,7 +34,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the update bench next to this script makes the batch
 from cpu_allocator_bench import memory_status_mb
-from shared_prompt_bench import babyai_shaped_batch, check_update_bench_args, update_bench_parser, update_bench_trainer
+from shared_prompt_bench import (
+    babyai_shaped_batch,
+    check_update_bench_args,
+    scratch_dir,
+    update_bench_parser,
+    update_bench_trainer,
+)
 
 from agentgym.allocator import DISABLE_VARIABLE, retain_freed_memory
 from agentgym.trainer import packing
@@ -89,7 +94,7 @@ def head_bench(args: argparse.Namespace, vocab: int, hidden_size: int) -> None:
 
 
 def update_bench(args: argparse.Namespace) -> None:
-    work = Path(tempfile.mkdtemp(prefix="lm-head-bench-"))
+    work = scratch_dir("lm-head-bench-")
     trainers = {}
     for label in ("unfused", "fused"):
         trainers[label] = update_bench_trainer(args, work / label)

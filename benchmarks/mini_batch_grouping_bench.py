@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +27,13 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared-prompt bench next to this script
-from shared_prompt_bench import babyai_shaped_batch, check_update_bench_args, update_bench_parser, update_bench_trainer
+from shared_prompt_bench import (
+    babyai_shaped_batch,
+    check_update_bench_args,
+    scratch_dir,
+    update_bench_parser,
+    update_bench_trainer,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -36,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     check_update_bench_args(parser, args)
 
-    work = Path(tempfile.mkdtemp(prefix="mini-batch-grouping-bench-"))
+    work = scratch_dir("mini-batch-grouping-bench-")
     trainers = {}
     for by_group in (False, True):
         output_dir = work / ("by-group" if by_group else "shuffled")

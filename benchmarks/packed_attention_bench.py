@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,7 +29,13 @@ from agentgym.trainer.config import RLTrainerConfig
 from agentgym.trainer.packed_attention import PACKED_ATTENTION
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from shared_prompt_bench import babyai_shaped_batch, check_update_bench_args, update_bench_parser, update_bench_trainer
+from shared_prompt_bench import (
+    babyai_shaped_batch,
+    check_update_bench_args,
+    scratch_dir,
+    update_bench_parser,
+    update_bench_trainer,
+)
 
 ATTENTION_KINDS = ("sdpa", PACKED_ATTENTION)
 
@@ -40,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     check_update_bench_args(parser, args)
 
-    work = Path(tempfile.mkdtemp(prefix="packed-attention-bench-"))
+    work = scratch_dir("packed-attention-bench-")
     # With the config's KL (a reference forward in both settings), as this bench always measured.
     trainers = {
         kind: update_bench_trainer(args, work / kind, attn_implementation=kind, kl_coef=RLTrainerConfig.kl_coef)

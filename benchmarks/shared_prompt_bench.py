@@ -19,7 +19,9 @@ Usage: python benchmarks/shared_prompt_bench.py [--groups 4] [--group-size 8] [-
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -60,6 +62,13 @@ def babyai_shaped_batch(
         del t.prompt_token_ids[:]
         t.prompt_token_ids.extend(system + prompt[len(system) :])
     return batch
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A new temporary folder for a bench's trainers, removed when the bench exits."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def update_bench_parser(description: str | None) -> argparse.ArgumentParser:
@@ -108,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.common_prefix < 0:
         parser.error("--common-prefix must be >= 0")
 
-    work = Path(tempfile.mkdtemp(prefix="shared-prompt-bench-"))
+    work = scratch_dir("shared-prompt-bench-")
     trainers = {}
     for n, (label, (share, prefixes)) in enumerate(SETTINGS.items()):
         trainers[label] = update_bench_trainer(args, work / str(n), share_prompts=share, share_prompt_prefixes=prefixes)
