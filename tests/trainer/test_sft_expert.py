@@ -16,7 +16,7 @@ from agentgym.rollout.episode import Sample, run_episode
 from agentgym.rollout.parsing import parse_action
 from agentgym.rollout.prompts import template_for
 from agentgym.rollout.tokens import ChatTokenizer
-from agentgym.trainer.sft import SFTBuildReport, expert_sft_examples, sample_task_ids
+from agentgym.trainer.sft import SFTBuildReport, expert_sft_examples, render_reply, sample_task_ids
 from agentgym.trainer.trainer import RLTrainer, SFTExample
 
 
@@ -219,6 +219,50 @@ def test_warm_up_demonstrations_are_replayed_with_the_environment_settings(chat:
     assert "Available actions: turn left" in chat.tokenizer.decode(listed[0].prompt_ids)
     assert "Available actions: turn left" not in chat.tokenizer.decode(bare[0].prompt_ids)
     assert sum(len(e.prompt_ids) for e in bare) < sum(len(e.prompt_ids) for e in listed)
+
+
+def test_replies_without_a_thought_are_the_action_alone_and_parse_back() -> None:
+    cases = {
+        "thought_action": ("go to red ball 1", "Action: go to red ball 1"),
+        "search_tags": ("<search>capital of France</search>", "<search>capital of France</search>"),
+        "fenced": ("click [12]", "```click [12]```"),
+    }
+    for action_format, (action, text) in cases.items():
+        assert render_reply(action_format, None, action) == text  # type: ignore[arg-type]
+        assert render_reply(action_format, "I look.", action).endswith(text.removeprefix("Action: "))  # type: ignore[arg-type]
+    assert render_reply("thought_action", "I look.", "turn left") == "Thought: I look.\nAction: turn left"
+    assert parse_action("thought_action", "Action: go to red ball 1").action == "go to red ball 1"
+    assert parse_action("fenced", "```click [12]```").action == "click [12]"
+
+
+def test_warm_up_without_thoughts_demonstrates_the_action_lines_alone(chat: ChatTokenizer) -> None:
+    from agentgym.envs import make_expert
+    from agentgym.trainer.config import EnvironmentConfig, RLTrainerConfig
+    from agentgym.trainer.loop import build_warmup_examples
+
+    def config(thoughts: bool) -> RLTrainerConfig:
+        env = EnvironmentConfig("babyai", "train-easy", config={"list_actions": False})
+        return RLTrainerConfig(
+            model="builtin:tiny", environments=[env], sft_tasks=4, max_context_tokens=2048, sft_thoughts=thoughts
+        )
+
+    thinking = build_warmup_examples(config(True), chat.tokenizer)
+    bare = build_warmup_examples(config(False), chat.tokenizer)
+    assert [e.task_id for e in thinking] == [e.task_id for e in bare]
+    expert = make_expert("babyai")
+    for with_thought, example in zip(thinking, bare, strict=True):
+        assert example.prompt_ids == with_thought.prompt_ids  # the same instructions and first observation
+        actions = list(expert.demonstrate(example.task_id))
+        replies = [chat.decode(example.response_ids[s:e]) for s, e in _spans(example.loss_mask, 1)]
+        assert replies == [f"Action: {action}" for action in actions]  # eos is a special token, not decoded
+        long = [chat.decode(with_thought.response_ids[s:e]) for s, e in _spans(with_thought.loss_mask, 1)]
+        assert all(text.startswith("Thought: ") for text in long)
+        # The observations between the replies are the same tokens either way.
+        assert [example.response_ids[s:e] for s, e in _spans(example.loss_mask, 0)] == [
+            with_thought.response_ids[s:e] for s, e in _spans(with_thought.loss_mask, 0)
+        ]
+    trained = sum(sum(e.loss_mask) for e in bare)
+    assert trained < 0.5 * sum(sum(e.loss_mask) for e in thinking)
 
 
 def test_a_stop_during_the_warm_up_leaves_it_unfinished(

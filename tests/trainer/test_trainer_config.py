@@ -43,6 +43,7 @@ def test_from_spec_maps_every_field_group() -> None:
                     "sftLearningRate": 1e-3,
                     "sftTasks": 96,
                     "sftBatchSize": 4,
+                    "sftThoughts": False,
                 },
                 "storage": {"checkpointUri": "file://runs/quickstart"},
             },
@@ -54,6 +55,7 @@ def test_from_spec_maps_every_field_group() -> None:
     assert config.environments == [EnvironmentConfig("babyai", "train-easy", 1.0, None, {"list_actions": False})]
     assert (config.total_steps, config.checkpoint_every, config.sft_warmup_steps) == (30, 5, 40)
     assert (config.sft_learning_rate, config.sft_tasks, config.sft_batch_size) == (1e-3, 96, 4)
+    assert config.sft_thoughts is False
     assert config.reward_config().invalid_action_penalty == 0.1
     assert (config.turn_validity_coef, config.negative_advantage_scale) == (0.5, 0.25)
     assert (config.step_group_coef, config.step_group_gamma) == (1.0, 0.9)

@@ -279,6 +279,11 @@ class TrainerSpec(SpecModel):
     """Tasks of each environment's training split whose expert demonstrations the SFT warm-up trains on."""
     sft_batch_size: int = Field(default=8, ge=1)
     """Demonstrations per SFT optimiser step."""
+    sft_thoughts: bool = True
+    """Whether each demonstrated reply thinks before it acts. The experts give actions only, so the thought
+    is a generic sentence that restates the action: it teaches the reply format and nothing else. Off, a
+    reply is the action line alone (BabyAI: 8 tokens a turn instead of ~29), so a small model samples,
+    and the update trains on, a third of the tokens per turn."""
 
     @model_validator(mode="after")
     def _deepspeed_needs_gpus(self) -> TrainerSpec:

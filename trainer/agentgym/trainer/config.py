@@ -168,6 +168,9 @@ class RLTrainerConfig:
     """Examples per SFT optimiser step."""
     sft_tasks: int = 32
     """Expert demonstrations per environment built for the SFT warm-up."""
+    sft_thoughts: bool = True
+    """Demonstrated replies carry a thought before the action (a generic one; the experts give actions
+    only); off, the action line alone."""
 
     # --- data path and outputs -----------------------------------------------------------------
     collect_timeout_s: float = 600.0
@@ -364,6 +367,7 @@ class RLTrainerConfig:
             "sft_learning_rate": tr.sft_learning_rate,
             "sft_tasks": tr.sft_tasks,
             "sft_batch_size": tr.sft_batch_size,
+            "sft_thoughts": tr.sft_thoughts,
         }
         values.update(overrides)
         return cls(**values)

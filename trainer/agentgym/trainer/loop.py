@@ -41,7 +41,7 @@ def build_warmup_examples(config: RLTrainerConfig, tokenizer: Any) -> list[SFTEx
     """Expert demonstrations of ``sft_tasks`` tasks of each environment's training split."""
     from agentgym.envs import make as make_environment
     from agentgym.rollout.tokens import ChatTokenizer
-    from agentgym.trainer.sft import SFTBuildReport, expert_sft_examples, sample_task_ids
+    from agentgym.trainer.sft import SFTBuildReport, default_thought, expert_sft_examples, sample_task_ids
 
     if tokenizer is None:
         raise ValueError("SFT warm-up needs the model's tokenizer")
@@ -55,6 +55,7 @@ def build_warmup_examples(config: RLTrainerConfig, tokenizer: Any) -> list[SFTEx
             env.name,
             task_ids,
             chat,
+            thought=default_thought if config.sft_thoughts else None,
             max_tokens=config.max_context_tokens,
             make_env=functools.partial(make_environment, **settings),
             report=report,

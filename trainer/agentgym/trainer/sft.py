@@ -12,7 +12,8 @@ rendered with the SAME prompt template and token splicing as the rollout worker:
 ``reply_k`` is ``"Thought: <thought>\\nAction: <action>"`` for the Thought/Action environments
 (the rollout parser reads the action back from it), ``"<thought>\\n<search>...</search>"`` for
 Deep Search and ``"<thought>\\n```<action>```"`` for WebArena. The thought is a short generic
-sentence (the experts give actions only). Demonstrations whose replay does not succeed are skipped.
+sentence (the experts give actions only), or none at all (``thought=None``: the action line alone,
+``"Action: <action>"``). Demonstrations whose replay does not succeed are skipped.
 """
 
 from __future__ import annotations
@@ -39,14 +40,15 @@ def default_thought(environment: str, action: str, turn: int) -> str:
     return f"Given what I see now, the next step is: {action}."
 
 
-def render_reply(action_format: ActionFormat, thought: str, action: str) -> str:
-    """The assistant text for one turn, in the format the rollout parser reads."""
+def render_reply(action_format: ActionFormat, thought: str | None, action: str) -> str:
+    """The assistant text for one turn, in the format the rollout parser reads; without a thought
+    when `thought` is None."""
     if action_format == "thought_action":
-        return f"Thought: {thought}\nAction: {action}"
+        return f"Action: {action}" if thought is None else f"Thought: {thought}\nAction: {action}"
     if action_format == "search_tags":
-        return f"{thought}\n{action}"
+        return action if thought is None else f"{thought}\n{action}"
     if action_format == "fenced":
-        return f"{thought}\n```{action}```"
+        return f"```{action}```" if thought is None else f"{thought}\n```{action}```"
     raise ValueError(f"unknown action format {action_format!r}")
 
 
@@ -76,13 +78,16 @@ def expert_sft_examples(
     chat: ChatTokenizer,
     *,
     template: PromptTemplate | None = None,
-    thought: Callable[[str, str, int], str] = default_thought,
+    thought: Callable[[str, str, int], str] | None = default_thought,
     max_tokens: int = 4096,
     make_env: Callable[[str], Any] | None = None,
     make_expert: Callable[[str], Any] | None = None,
     report: SFTBuildReport | None = None,
 ) -> list[SFTExample]:
-    """SFT examples for ``task_ids`` of ``environment`` from its expert, replayed in-process."""
+    """SFT examples for ``task_ids`` of ``environment`` from its expert, replayed in-process.
+
+    ``thought(environment, action, turn)`` writes each reply's thought; None leaves it out.
+    """
     from agentgym import envs
 
     template = template or template_for(environment)
@@ -101,7 +106,8 @@ def expert_sft_examples(
             mask: list[int] = []
             success = False
             for turn, action in enumerate(actions):
-                reply = render_reply(template.action_format, thought(environment, action, turn), action)
+                text = None if thought is None else thought(environment, action, turn)
+                reply = render_reply(template.action_format, text, action)
                 reply_ids = [*tokenizer.encode(reply, add_special_tokens=False), chat.eos_token_id]
                 if len(prompt) + len(response) + len(reply_ids) > max_tokens:
                     report.truncated += 1
