@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from agentgym.cli.main import app
 
 
-def _spec(tmp_path: Path, model: Path) -> Path:
+def _spec(tmp_path: Path, model: Path, **trainer: object) -> Path:
     document = {
         "apiVersion": "agentgym.io/v1alpha1",
         "kind": "TrainingRun",
@@ -22,7 +22,7 @@ def _spec(tmp_path: Path, model: Path) -> Path:
             "environments": [{"name": "textcraft"}],
             "algorithm": {"name": "grpo", "groupSize": 2, "klCoef": 0.0},
             "inference": {"engine": "hf", "gpusPerReplica": 0},
-            "trainer": {"sftWarmupSteps": 2},
+            "trainer": {"sftWarmupSteps": 2, **trainer},
         },
     }
     path = tmp_path / "run.yaml"
@@ -42,6 +42,19 @@ def test_sft_command_writes_a_warm_started_checkpoint(
     assert state["sft_done"] is True and state["policy_version"] == 1 and state["step"] == 0
     again = CliRunner().invoke(app, ["sft", str(spec), "--output-dir", str(out)])
     assert again.exit_code != 0 and "already holds" in again.output
+
+
+def test_sft_command_takes_the_warm_up_settings_of_the_spec(
+    tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    spec = _spec(tmp_path, tiny_model, sftTasks=3, sftBatchSize=3, sftLearningRate=1e-3, sftThoughts=False)
+    result = CliRunner().invoke(app, ["sft", str(spec), "--output-dir", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "SFT on 3 expert demonstrations, 2 steps" in result.output  # trainer.sftTasks, not a CLI default
+    config = json.loads((tmp_path / "out" / "checkpoints" / "step-0" / "trainer_state.json").read_text())["config"]
+    assert (config["sft_tasks"], config["sft_batch_size"], config["sft_learning_rate"]) == (3, 3, 1e-3)
+    assert config["sft_thoughts"] is False
 
 
 def test_train_command_needs_nats(tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:

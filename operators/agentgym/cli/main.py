@@ -627,9 +627,15 @@ def train_command(
 def sft_command(
     spec: Annotated[Path, typer.Argument(help="TrainingRun YAML (model, environments, seed)")],
     steps: Annotated[int | None, typer.Option(min=1, help="Optimiser steps (default: trainer.sftWarmupSteps)")] = None,
-    tasks: Annotated[int, typer.Option(min=1, help="Expert demonstrations per environment")] = 32,
-    learning_rate: Annotated[float, typer.Option(min=0.0, help="SFT learning rate")] = 1e-4,
-    batch_size: Annotated[int, typer.Option(min=1, help="Examples per step")] = 8,
+    tasks: Annotated[
+        int | None, typer.Option(min=1, help="Expert demonstrations per environment (default: trainer.sftTasks)")
+    ] = None,
+    learning_rate: Annotated[
+        float | None, typer.Option(min=0.0, help="SFT learning rate (default: trainer.sftLearningRate)")
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(min=1, help="Examples per step (default: trainer.sftBatchSize)")
+    ] = None,
     output_dir: Annotated[Path | None, typer.Option(help="Run directory (default: <checkpointUri>/<name>)")] = None,
 ) -> None:
     """Warm-start the policy by SFT on the environments' expert demonstrations; writes checkpoints/step-0.
@@ -648,14 +654,10 @@ def sft_command(
     count = steps or run.spec.trainer.sft_warmup_steps
     if count < 1:
         raise _fail("no SFT steps: pass --steps or set trainer.sftWarmupSteps")
-    config = RLTrainerConfig.from_spec(
-        run.spec,
-        run=run.metadata.name,
-        output_dir=output_dir,
-        sft_tasks=tasks,
-        sft_learning_rate=learning_rate,
-        sft_batch_size=batch_size,
-    )
+    # Flags override the spec's warm-up settings; unset, the spec's (the same warm-up as `agentgym run`).
+    flags = {"sft_tasks": tasks, "sft_learning_rate": learning_rate, "sft_batch_size": batch_size}
+    overrides = {name: value for name, value in flags.items() if value is not None}
+    config = RLTrainerConfig.from_spec(run.spec, run=run.metadata.name, output_dir=output_dir, **overrides)
     trainer = RLTrainer(config)
     if trainer.maybe_resume() is not None and (trainer.sft_done or trainer.step > 0):
         raise _fail(f"{config.checkpoint_dir} already holds a warm-started or RL-trained policy")
