@@ -39,6 +39,12 @@ def test_learning_bench_smoke(capsys: pytest.CaptureFixture[str], tmp_path: Path
     assert "validation: " in out and "points (paired by layout)" in out and ("-> PASS" in out or "-> FAIL" in out)
     assert f"saved to {warm}" in out and (warm / "config.json").is_file()
     assert len(json.loads((warm / "sft_task_ids.json").read_text())) == 4  # kept out of the validation layouts
+    # Reused with other warm-up flags, which it would ignore: refused, naming them.
+    with pytest.raises(SystemExit) as exited:
+        bench.parse_args([*argv, "--sft-steps", "3", "--sft-thoughts"])
+    assert exited.value.code == 2
+    refused = capsys.readouterr().err
+    assert "--sft-steps 2 (not 3)" in refused and "--sft-thoughts False (not True)" in refused
     # A second run starts from the saved warm start, without the warm-up, and measures the same baseline.
     baseline = out.split(before)[1].split(" ")[0]
     trained = tmp_path / "trained"
