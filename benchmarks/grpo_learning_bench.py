@@ -54,14 +54,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
 import json
 import math
 import os
 import random
 import shutil
 import sys
-import tempfile
 import time
 import uuid
 from collections import defaultdict
@@ -70,6 +68,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench helpers next to this script
+from shared_prompt_bench import scratch_dir
 
 from agentgym import envs
 from agentgym.envs.client import Opened, Stepped
@@ -273,8 +274,7 @@ async def main(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"error: --validation-tasks: {error}", file=sys.stderr)
         return 2
-    work = Path(tempfile.mkdtemp(prefix="grpo-learning-"))
-    atexit.register(shutil.rmtree, work, ignore_errors=True)  # the engine's weights, several hundred MB
+    work = scratch_dir("grpo-learning-")  # the engine's weights, several hundred MB
     config = RLTrainerConfig(
         model=str(warm_start) if reuse_warm_start else "builtin:tiny",
         output_dir=work,
@@ -484,6 +484,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.save_policy and Path(args.save_policy).exists():
         parser.error(f"--save-policy {args.save_policy}: exists; pick a new folder")
+    for flag in ("sft_steps", "sft_tasks", "sft_batch"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1, not {getattr(args, flag)}")
+    if args.sft_lr <= 0:
+        parser.error(f"--sft-lr must be > 0, not {args.sft_lr}")
     if args.validation_tasks < 1:
         parser.error(f"--validation-tasks must be >= 1, not {args.validation_tasks}")
     if not 0.0 < args.top_p <= 1.0:

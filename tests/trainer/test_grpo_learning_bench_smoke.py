@@ -111,6 +111,15 @@ def test_learning_bench_refuses_bad_validation_sizes(capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit) as exited:
         bench.parse_args(["--validation-tasks", "0"])
     assert exited.value.code == 2 and "--validation-tasks must be >= 1, not 0" in capsys.readouterr().err
+    for argv, message in (
+        (["--sft-steps", "0"], "--sft-steps must be >= 1, not 0"),
+        (["--sft-tasks", "-1"], "--sft-tasks must be >= 1, not -1"),
+        (["--sft-batch", "0"], "--sft-batch must be >= 1, not 0"),
+        (["--sft-lr", "0"], "--sft-lr must be > 0, not 0.0"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            bench.parse_args(argv)
+        assert exited.value.code == 2 and message in capsys.readouterr().err
     # Too many: refused before any model is loaded or folder written.
     args = bench.parse_args(["--validation-tasks", "2000", "--sft-tasks", "4"])
     assert asyncio.run(bench.main(args)) == 2
