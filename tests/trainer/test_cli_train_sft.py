@@ -55,6 +55,10 @@ def test_sft_command_takes_the_warm_up_settings_of_the_spec(
     config = json.loads((tmp_path / "out" / "checkpoints" / "step-0" / "trainer_state.json").read_text())["config"]
     assert (config["sft_tasks"], config["sft_batch_size"], config["sft_learning_rate"]) == (3, 3, 1e-3)
     assert config["sft_thoughts"] is False
+    # A learning rate of 0 would train nothing: refused before any model loads, naming the option.
+    refused = CliRunner().invoke(app, ["sft", str(spec), "--learning-rate", "0", "--output-dir", str(tmp_path / "x")])
+    assert refused.exit_code == 2 and "--learning-rate" in refused.output
+    assert not (tmp_path / "x").exists()
 
 
 def test_train_command_needs_nats(tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -631,7 +631,7 @@ def sft_command(
         int | None, typer.Option(min=1, help="Expert demonstrations per environment (default: trainer.sftTasks)")
     ] = None,
     learning_rate: Annotated[
-        float | None, typer.Option(min=0.0, help="SFT learning rate (default: trainer.sftLearningRate)")
+        float | None, typer.Option(help="SFT learning rate, > 0 (default: trainer.sftLearningRate)")
     ] = None,
     batch_size: Annotated[
         int | None, typer.Option(min=1, help="Examples per step (default: trainer.sftBatchSize)")
@@ -645,6 +645,9 @@ def sft_command(
     from agentgym.spec import SpecError, load_training_run
     from agentgym.trainer.config import RLTrainerConfig
     from agentgym.trainer.loop import build_warmup_examples
+
+    if learning_rate is not None and not learning_rate > 0:  # 0 would train nothing; a usage error (exit 2)
+        raise typer.BadParameter(f"must be > 0, not {learning_rate}", param_hint="'--learning-rate'")
     from agentgym.trainer.trainer import RLTrainer
 
     try:
