@@ -399,6 +399,32 @@ def test_turn_validity_advantages_zero_when_nothing_to_compare() -> None:
     close(single, [[0.0, 0.0]])
 
 
+def test_turn_validity_advantages_only_in_groups_with_a_success() -> None:
+    # The by-hand case above, with success flags: in group a row 1 succeeded, so its credit stands
+    # (-1.5 / 0.5 on the same turns); group b's only trajectory failed, so it gets nothing.
+    eps = 1e-6
+    sa = 0.5 + eps
+    bad_a, ok_a = -0.75 / sa, 0.25 / sa
+    invalid = [[True, False], [False, False], [False, True, True]]
+    adv = turn_validity_advantages(TURN_SPANS, invalid, ["a", "a", "b"], MASK, success=[False, True, False])
+    close(
+        adv,
+        [
+            [bad_a, bad_a, 0.0, 0.0, ok_a, ok_a, 0.0, 0.0],
+            [ok_a, 0.0, 0.0, ok_a, ok_a, 0.0, 0.0, 0.0],
+            [0.0] * 8,
+        ],
+        atol=1e-5,
+    )
+    # No success anywhere: no credit anywhere; every group with one: the ungated values.
+    nothing = turn_validity_advantages(TURN_SPANS, invalid, ["a", "a", "b"], MASK, success=[False, False, False])
+    close(nothing, torch.zeros(3, 8).tolist())
+    ungated = turn_validity_advantages(TURN_SPANS, invalid, ["a", "a", "b"], MASK)
+    close(turn_validity_advantages(TURN_SPANS, invalid, ["a", "a", "b"], MASK, success=[True, False, True]), ungated)
+    with pytest.raises(ValueError, match="success flags for 2 rows"):
+        turn_validity_advantages(TURN_SPANS, invalid, ["a", "a", "b"], MASK, success=[True, False])
+
+
 def test_turn_validity_advantages_stay_on_sampled_tokens_and_check_input() -> None:
     # A span that covers an observation token (row 1's turn 0 as [0, 3)) is still masked there.
     spans = [[(0, 2), (4, 6)], [(0, 3), (3, 5)], [(0, 3), (4, 5), (6, 7)]]

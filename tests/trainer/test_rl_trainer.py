@@ -342,6 +342,42 @@ def test_turn_validity_credit_is_added_to_the_outcome_advantage(
     assert float(plain._advantages(batch, batch.sampled_logprobs, None)[0].abs().sum()) == 0.0
 
 
+def test_turn_validity_credit_can_require_a_success_in_the_group(
+    config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]]
+) -> None:
+    """Two groups with the same wasted first turn: one succeeded in both samples, one failed in both."""
+    trainer = RLTrainer(config_factory(group_size=2, turn_validity_coef=0.5))
+    assert trainer.config.turn_validity_needs_success  # the default
+    won = make_batch(5, 0, groups=1, group_size=2, turns=2, success=True)
+    lost = make_batch(6, 0, groups=1, group_size=2, turns=2, success=False)
+    for t in lost:
+        t.group_id = "lost"
+    won[0].turns[0].invalid_action = lost[0].turns[0].invalid_action = True
+    batch = trainer._batch([*won, *lost])
+    advantages, _, _ = trainer._advantages(batch, batch.sampled_logprobs, None)
+    # The won group gets the credit of the test above (-0.75 / 0.25); the lost group, with no outcome
+    # signal either, gets nothing rather than a lesson in validity alone.
+    expected = torch.zeros_like(advantages)
+    for row, trajectory in enumerate(won):
+        for k, turn in enumerate(trajectory.turns):
+            expected[row, turn.action_start : turn.action_end] = -0.75 if (row, k) == (0, 0) else 0.25
+    torch.testing.assert_close(advantages, expected, atol=1e-5, rtol=0)
+    # Ungated, the lost group is credited the same way as the won one.
+    ungated = RLTrainer(
+        config_factory(
+            group_size=2,
+            turn_validity_coef=0.5,
+            turn_validity_needs_success=False,
+            output_dir=trainer.config.output_dir / "b",
+        )
+    )
+    advantages, _, _ = ungated._advantages(batch, batch.sampled_logprobs, None)
+    for row, trajectory in enumerate(lost, start=2):
+        for k, turn in enumerate(trajectory.turns):
+            expected[row, turn.action_start : turn.action_end] = -0.75 if (row, k) == (2, 0) else 0.25
+    torch.testing.assert_close(advantages, expected, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("algorithm", ["grpo", "rloo"])
 def test_step_group_credit_is_added_to_the_outcome_advantage(
     algorithm: str, config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]]

@@ -31,6 +31,7 @@ def test_from_spec_maps_every_field_group() -> None:
                     "learningRate": 1e-4,
                     "invalidActionPenalty": 0.1,
                     "turnValidityCoef": 0.5,
+                    "turnValidityNeedsSuccess": False,
                     "negativeAdvantageScale": 0.25,
                     "stepGroupCoef": 1.0,
                     "stepGroupGamma": 0.9,
@@ -58,6 +59,7 @@ def test_from_spec_maps_every_field_group() -> None:
     assert config.sft_thoughts is False
     assert config.reward_config().invalid_action_penalty == 0.1
     assert (config.turn_validity_coef, config.negative_advantage_scale) == (0.5, 0.25)
+    assert config.turn_validity_needs_success is False  # the default is True
     assert (config.step_group_coef, config.step_group_gamma) == (1.0, 0.9)
     assert config.to_dict()["environments"][0]["config"] == {"list_actions": False}
     assert config.max_context_tokens == 2048

@@ -132,6 +132,10 @@ class AlgorithmSpec(SpecModel):
     turn_validity_coef: float = Field(default=0.0, ge=0)
     """GRPO/RLOO: weight of a turn-level advantage from action validity (each turn's valid/invalid
     action compared with the other turns of its group), added to the outcome advantage; 0: off."""
+    turn_validity_needs_success: bool = True
+    """Give that validity credit only to groups in which at least one sample succeeded. Where none did,
+    validity would be the whole signal, and it can teach a weak policy to stop trying actions that may
+    be rejected (see ``advantages.turn_validity_advantages``); false: credit every group."""
     step_group_coef: float = Field(default=0.0, ge=0)
     """GRPO/RLOO: weight of a step-level advantage over anchor states (GiGPO): the turns of a group that
     acted from the same observation are compared by their discounted return; added to the outcome

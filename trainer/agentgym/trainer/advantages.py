@@ -419,6 +419,7 @@ def turn_validity_advantages(
     response_mask: Tensor,
     normalize_by_std: bool = True,
     eps: float = 1e-6,
+    success: Sequence[bool] | None = None,
 ) -> Tensor:
     """Turn-level credit from action validity, normalised within each group's turns.
 
@@ -433,15 +434,24 @@ def turn_validity_advantages(
         A_{i,k} = (v_{i,k} - mean_g(v)) / (std_g(v) + eps)    over every turn of group g (unbiased std)
         A_{i,k} =  v_{i,k} - mean_g(v)                        (normalize_by_std=False, as Dr. GRPO)
         A_{i,k} = 0   when group g has fewer than 2 turns, or all of them are equally valid
+        A_{i,k} = 0   when ``success`` is given and no trajectory of group g succeeded
+
+    Why the last rule: where no sample of a group succeeded there is no outcome signal, so validity
+    would be the whole of it, and the cheapest way to be valid is to stop trying what can fail (in
+    BabyAI, ``go to X`` is rejected while X is out of view; turning in place never is). Gated on a
+    success, validity only ranks the turns of groups that also show what reaches the goal.
 
     ``turn_spans[i]`` are the ``[start, end)`` response positions of trajectory ``i``'s turns
-    (their sampled action tokens), ``turn_invalid[i]`` the matching flags. Returns ``[B, T]``:
-    ``A_{i,k}`` on the sampled tokens of turn ``k``, 0 elsewhere.
+    (their sampled action tokens), ``turn_invalid[i]`` the matching flags, ``success[i]`` whether
+    trajectory ``i`` succeeded. Returns ``[B, T]``: ``A_{i,k}`` on the sampled tokens of turn ``k``,
+    0 elsewhere.
     """
     _check_mask(response_mask)
     batch = response_mask.shape[0]
     if len(turn_spans) != batch or len(turn_invalid) != batch:
         raise ValueError(f"turn spans/flags for {len(turn_spans)}/{len(turn_invalid)} rows, batch has {batch}")
+    if success is not None and len(success) != batch:
+        raise ValueError(f"success flags for {len(success)} rows, batch has {batch}")
     dtype = _float_dtype(response_mask)
     out = torch.zeros(response_mask.shape, dtype=dtype, device=response_mask.device)
     index, groups = _group_index(group_ids, batch, torch.device("cpu"))
@@ -451,6 +461,9 @@ def turn_validity_advantages(
             raise ValueError(f"row {row}: {len(spans)} turn spans but {len(invalid)} validity flags")
         for (start, end), bad in zip(spans, invalid, strict=True):
             members[int(index[row])].append((row, start, end, -1.0 if bad else 0.0))
+    if success is not None:
+        succeeded = {int(index[row]) for row, ok in enumerate(success) if ok}
+        members = [turns if group in succeeded else [] for group, turns in enumerate(members)]
     _put_normalised_turn_values(out, members, normalize_by_std, eps)
     return out * response_mask.to(dtype)
 

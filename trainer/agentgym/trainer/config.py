@@ -108,6 +108,8 @@ class RLTrainerConfig:
     turn_validity_coef: float = 0.0
     """GRPO/RLOO: weight of the turn-level validity advantage added to the outcome advantage
     (``advantages.turn_validity_advantages``); 0 disables."""
+    turn_validity_needs_success: bool = True
+    """Validity credit only in groups where at least one sample succeeded (none elsewhere)."""
     step_group_coef: float = 0.0
     """GRPO/RLOO: weight of the step-level advantage over anchor states (GiGPO; turns of a group that
     acted from the same observation compared by discounted return, ``advantages.step_group_advantages``),
@@ -337,6 +339,7 @@ class RLTrainerConfig:
             "loss_aggregation": algo.loss_aggregation,
             "invalid_action_penalty": algo.invalid_action_penalty,
             "turn_validity_coef": algo.turn_validity_coef,
+            "turn_validity_needs_success": algo.turn_validity_needs_success,
             "step_group_coef": algo.step_group_coef,
             "step_group_gamma": algo.step_group_gamma,
             "negative_advantage_scale": algo.negative_advantage_scale,

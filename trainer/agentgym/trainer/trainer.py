@@ -576,7 +576,10 @@ class RLTrainer:
             outcome = adv.scale_negative_advantages(outcome, c.negative_advantage_scale)
             if c.turn_validity_coef:
                 spans, invalid = zip(*(turn_validity(t) for t in batch.trajectories), strict=True)
-                validity = adv.turn_validity_advantages(spans, invalid, group_ids, mask, c.normalize_by_std)
+                success = [t.success for t in batch.trajectories] if c.turn_validity_needs_success else None
+                validity = adv.turn_validity_advantages(
+                    spans, invalid, group_ids, mask, c.normalize_by_std, success=success
+                )
                 outcome = outcome + c.turn_validity_coef * validity
             if c.step_group_coef:
                 rewards_config = c.reward_config()
