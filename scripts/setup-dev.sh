@@ -25,6 +25,16 @@ if ! command -v java >/dev/null 2>&1; then
   fi
 fi
 
+# DeepSpeed compiles its CPU communication kernel on first use (the DeepSpeed backend's tests).
+if ! command -v g++ >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing g++ (DeepSpeed compiles a kernel with it)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null
+  else
+    echo "warning: no g++ on PATH; the DeepSpeed tests need it (apt-get install g++)" >&2
+  fi
+fi
+
 # WebArena / MiniWoB++ drive Debian's Chromium through Playwright (no Playwright-downloaded browser).
 if [ ! -x /usr/bin/chromium ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -1,7 +1,8 @@
-"""DeepSpeed backend: config generation and the launcher command (the engine itself needs GPUs)."""
+"""DeepSpeed backend: config generation and the launcher command (the engine trains in test_deepspeed_engine)."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -38,6 +39,12 @@ def test_zero3_gathers_weights_and_checkpointing() -> None:
     assert ds["activation_checkpointing"]["partition_activations"] is False
 
 
+def test_torch_adam_on_request_only() -> None:
+    # On GPUs DeepSpeed's FusedAdam steps; on its CPU accelerator the engine asks for torch's AdamW.
+    assert "torch_adam" not in deepspeed_config(_config(zero_stage=2))["optimizer"]["params"]
+    assert deepspeed_config(_config(zero_stage=2), torch_adam=True)["optimizer"]["params"]["torch_adam"] is True
+
+
 def test_launcher_command() -> None:
     argv = launcher_command("trainer.json", 8)
     assert argv == [
@@ -57,11 +64,11 @@ def test_launcher_command() -> None:
         launcher_command("trainer.json", 0)
 
 
-def test_deepspeed_needs_gpus_and_the_package() -> None:
+def test_deepspeed_needs_gpus_and_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="gpus"):
         RLTrainerConfig(backend="deepspeed", gpus=0)
-    if deepspeed_available():
-        pytest.skip("deepspeed is installed here")
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # as where the package is not installed
+    assert not deepspeed_available()
     import torch
 
     from agentgym.trainer.backend import OptimizerSettings

@@ -1,7 +1,7 @@
 """DeepSpeed backend (GPUs): ZeRO-2/3, bf16, gradient checkpointing; multi-GPU via the DeepSpeed launcher.
 
-``deepspeed`` is imported only when the backend is used (it is not a dependency of the CPU
-install: its wheel would pull a CUDA torch). What is here:
+``deepspeed`` is imported only when the backend is used: it is not a dependency of the runtime
+install (the dev install pins it next to the CPU torch, which it then leaves alone). What is here:
 
 * :func:`deepspeed_config`: the engine config dict. One micro-batch is one packed row (batch size
   1, no padding); the trainer weights each row's loss itself and marks the gradient-accumulation
@@ -13,8 +13,9 @@ install: its wheel would pull a CUDA torch). What is here:
 * :class:`DeepSpeedEngine`: the :class:`~agentgym.trainer.backend.PolicyEngine` used by
   ``RLTrainer`` when ``backend == "deepspeed"``.
 
-NOT exercised on a GPU in this repository's tests (no GPU and no deepspeed here); the config and
-launcher generation are tested. The training loop runs ONE rank: data-parallel training over several
+The tests train with this engine on DeepSpeed's CPU accelerator (gloo, one rank, fp32): ZeRO-2 and
+ZeRO-3 give the torch backend's update and resume exactly from their checkpoints. CUDA and bf16 are
+NOT exercised there (no GPU). The training loop runs ONE rank: data-parallel training over several
 GPUs (rank 0 collecting and broadcasting each batch, the same number of packed rows on every rank
 for ZeRO-3's collectives, rank-0 checkpoint writes) is not implemented, and the entrypoint refuses
 ``WORLD_SIZE > 1``.
@@ -43,8 +44,14 @@ def deepspeed_available() -> bool:
     return True
 
 
-def deepspeed_config(config: RLTrainerConfig, settings: OptimizerSettings | None = None) -> dict[str, Any]:
-    """The DeepSpeed config dict for ``config`` (ZeRO stage, bf16, optimizer, clipping)."""
+def deepspeed_config(
+    config: RLTrainerConfig, settings: OptimizerSettings | None = None, *, torch_adam: bool = False
+) -> dict[str, Any]:
+    """The DeepSpeed config dict for ``config`` (ZeRO stage, bf16, optimizer, clipping).
+
+    ``torch_adam``: step with ``torch.optim.AdamW`` rather than DeepSpeed's FusedAdam, whose kernel
+    is compiled on first use; for DeepSpeed's CPU accelerator, where there is nothing to fuse for.
+    """
     settings = settings or OptimizerSettings(
         config.learning_rate, config.adam_betas, config.adam_eps, config.weight_decay, config.max_grad_norm
     )
@@ -83,6 +90,7 @@ def deepspeed_config(config: RLTrainerConfig, settings: OptimizerSettings | None
                 "betas": list(settings.betas),
                 "eps": settings.eps,
                 "weight_decay": settings.weight_decay,
+                **({"torch_adam": True} if torch_adam else {}),
             },
         },
         "activation_checkpointing": {
@@ -136,12 +144,12 @@ class DeepSpeedEngine:
     def __init__(self, module: nn.Module, settings: OptimizerSettings, config: RLTrainerConfig) -> None:
         try:
             import deepspeed
-        except ImportError as error:  # pragma: no cover - exercised only where deepspeed is installed
+        except ImportError as error:
             raise RuntimeError(
                 "backend 'deepspeed' needs the deepspeed package (GPU images); use backend 'torch' on CPU"
             ) from error
         self.settings = settings
-        self.config_dict = deepspeed_config(config, settings)
+        self.config_dict = deepspeed_config(config, settings, torch_adam=not torch.cuda.is_available())
         engine, optimizer, _, _ = deepspeed.initialize(
             model=module,
             model_parameters=[p for p in module.parameters() if p.requires_grad],
@@ -152,40 +160,40 @@ class DeepSpeedEngine:
         self.module = engine.module
         self.zero_stage = int(config.zero_stage)
 
-    def backward(self, loss: Tensor, last: bool) -> None:  # pragma: no cover - GPU only
+    def backward(self, loss: Tensor, last: bool) -> None:
         self.ds.set_gradient_accumulation_boundary(last)
         self.ds.backward(loss, scale_wrt_gas=False)
 
-    def step(self) -> float:  # pragma: no cover - GPU only
+    def step(self) -> float:
         self.ds.set_gradient_accumulation_boundary(True)
         self.ds.step()
         norm = self.ds.get_global_grad_norm()
         return float(norm) if norm is not None else 0.0
 
-    def set_lr(self, lr: float) -> None:  # pragma: no cover - GPU only
+    def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def get_lr(self) -> float:  # pragma: no cover - GPU only
+    def get_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def optimizer_state(self) -> dict[str, Any]:  # pragma: no cover - GPU only
+    def optimizer_state(self) -> dict[str, Any]:
         state: dict[str, Any] = self.optimizer.state_dict()
         return state
 
-    def load_optimizer_state(self, state: dict[str, Any]) -> None:  # pragma: no cover - GPU only
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
 
-    def reset_optimizer_state(self) -> None:  # pragma: no cover - GPU only
+    def reset_optimizer_state(self) -> None:
         # ZeRO wraps a torch-style optimizer over its fp32 partitions; its state is created lazily on the next step.
         inner = getattr(self.optimizer, "optimizer", self.optimizer)
         inner.state.clear()
 
-    def save_engine_state(self, folder: Path) -> None:  # pragma: no cover - GPU only
+    def save_engine_state(self, folder: Path) -> None:
         """Optimizer (partitioned under ZeRO) and engine state, in DeepSpeed's own layout."""
         self.ds.save_checkpoint(str(folder), tag="engine", save_latest=False)
 
-    def load_engine_state(self, folder: Path) -> None:  # pragma: no cover - GPU only
+    def load_engine_state(self, folder: Path) -> None:
         self.ds.load_checkpoint(
             str(folder),
             tag="engine",
@@ -194,7 +202,7 @@ class DeepSpeedEngine:
             load_lr_scheduler_states=False,
         )
 
-    def save_hf_model(self, folder: Path) -> None:  # pragma: no cover - GPU only
+    def save_hf_model(self, folder: Path) -> None:
         """Save the full (gathered under ZeRO-3) 16-bit weights as an HF folder, on rank 0."""
         import torch.distributed as dist
 
@@ -202,7 +210,7 @@ class DeepSpeedEngine:
         if not dist.is_initialized() or dist.get_rank() == 0:
             self.module.save_pretrained(str(folder), state_dict=state)
 
-    def load_hf_model(self, folder: Path) -> None:  # pragma: no cover - GPU only
+    def load_hf_model(self, folder: Path) -> None:
         from agentgym.trainer.checkpoint import load_hf_weights
 
         if self.zero_stage == 3:
@@ -212,4 +220,5 @@ class DeepSpeedEngine:
                 load_hf_weights(self.module, folder)
         else:
             load_hf_weights(self.module, folder)
-        torch.cuda.synchronize()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
