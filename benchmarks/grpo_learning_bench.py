@@ -32,7 +32,9 @@ observations without the action list,
 GRPO, sequence-mean loss, 0.1 per invalid action, and the best settings measured for this check:
 lr 2e-4 (5e-5 moves too little in 5 minutes; 2e-4 was unstable with one optimiser step per step, not
 since the clipped ratio bounds the later ones), four optimiser steps per step of 32 episodes
-(``--mini-batch 8``), turn-level validity credit of weight 1 (``--turn-validity-coef``), step-level
+(``--mini-batch 8``), turn-level validity credit of weight 1 (``--turn-validity-coef``) in the groups
+where some sample succeeded (``--turn-validity-needs-success``; in every group, one seed of five lost 32
+points: with no success in a group, validity alone taught the policy to stop trying ``go to``), step-level
 groups over anchor states of weight 1 (``--step-group-coef``, GiGPO) and bf16 autocast in the update
 (``--bf16``; float32 on a CPU without bf16 units, see ``cpu_bf16_bench.py``). The trainer forwards
 each group's shared prompt once per mini-batch (``share_prompts``, on by default), and the prefix
@@ -288,6 +290,7 @@ async def main(args: argparse.Namespace) -> int:
         loss_aggregation=args.aggregation,
         invalid_action_penalty=args.invalid_action_penalty,
         turn_validity_coef=args.turn_validity_coef,
+        turn_validity_needs_success=args.turn_validity_needs_success,
         step_group_coef=args.step_group_coef,
         step_group_gamma=args.step_group_gamma,
         negative_advantage_scale=args.negative_advantage_scale,
@@ -444,6 +447,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--aggregation", default="seq-mean-token-mean")
     parser.add_argument("--invalid-action-penalty", type=float, default=0.1)
     parser.add_argument("--turn-validity-coef", type=float, default=1.0)
+    parser.add_argument(
+        "--turn-validity-needs-success",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="validity credit only in groups where some sample succeeded (--no-...: in every group)",
+    )
     parser.add_argument("--negative-advantage-scale", type=float, default=1.0)
     parser.add_argument("--step-group-coef", type=float, default=1.0, help="GiGPO step-level groups (0: off)")
     parser.add_argument("--step-group-gamma", type=float, default=0.95)

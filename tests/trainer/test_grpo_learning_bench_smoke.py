@@ -158,3 +158,9 @@ def test_learning_bench_rejects_bad_step_group_settings(
         bench.parse_args(flags)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_learning_bench_gates_validity_credit_on_success_by_default() -> None:
+    bench = load_bench("grpo_learning_bench_gate")
+    assert bench.parse_args([]).turn_validity_needs_success is True
+    assert bench.parse_args(["--no-turn-validity-needs-success"]).turn_validity_needs_success is False
