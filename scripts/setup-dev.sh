@@ -25,7 +25,7 @@ if ! command -v java >/dev/null 2>&1; then
   fi
 fi
 
-# DeepSpeed compiles its CPU communication kernel on first use (the DeepSpeed backend's tests).
+# DeepSpeed probes its C++ ops with g++ (compiling them when used) on its CPU accelerator: the DeepSpeed tests.
 if ! command -v g++ >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing g++ (DeepSpeed compiles a kernel with it)"
