@@ -502,6 +502,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--validation-tasks must be >= 1, not {args.validation_tasks}")
     if not 0.0 < args.top_p <= 1.0:
         parser.error(f"--top-p must be in (0, 1], not {args.top_p}")
+    if args.turn_validity_coef < 0:
+        parser.error(f"--turn-validity-coef must be >= 0, not {args.turn_validity_coef}")
     if args.step_group_coef < 0:
         parser.error(f"--step-group-coef must be >= 0, not {args.step_group_coef}")
     if not 0.0 <= args.step_group_gamma <= 1.0:

@@ -96,6 +96,10 @@ def test_minimal_spec_gets_sensible_defaults() -> None:
         ({"rollout": {"topP": 1.5}}, "spec.rollout.topP: Input should be less than or equal to 1"),
         ({"trainer": {"backend": "deepspeed"}}, "spec.trainer: backend deepspeed needs gpus >= 1"),
         ({"trainer": {"sftThoughts": "maybe"}}, "spec.trainer.sftThoughts: Input should be a valid boolean"),
+        (
+            {"algorithm": {"turnValidityNeedsSuccess": "sometimes"}},
+            "spec.algorithm.turnValidityNeedsSuccess: Input should be a valid boolean",
+        ),
         ({"inference": {"engine": "hf", "tensorParallel": 2}}, "spec.inference: tensorParallel must be 1"),
         ({"algoritm": {}}, "spec.algoritm: Extra inputs are not permitted"),
     ],

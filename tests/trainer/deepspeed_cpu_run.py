@@ -9,6 +9,7 @@ far apart the weights end up, plus what the checkpoint holds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -54,11 +55,9 @@ def weights(trainer: RLTrainer) -> dict[str, torch.Tensor]:
     import deepspeed
 
     module = trainer.policy
-    params = list(module.parameters())
-    if getattr(trainer.engine, "zero_stage", 0) == 3:
-        with deepspeed.zero.GatheredParameters(params):
-            return {name: p.detach().clone() for name, p in module.named_parameters()}
-    return {name: p.detach().clone() for name, p in module.named_parameters()}
+    zero3 = getattr(trainer.engine, "zero_stage", 0) == 3
+    with deepspeed.zero.GatheredParameters(list(module.parameters())) if zero3 else contextlib.nullcontext():
+        return {name: p.detach().clone() for name, p in module.named_parameters()}
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

@@ -148,6 +148,7 @@ def test_gain_is_paired_by_layout() -> None:
         (["--step-group-coef", "-1"], "--step-group-coef must be >= 0"),
         (["--step-group-gamma", "1.5"], "--step-group-gamma must be in [0, 1]"),
         (["--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["--turn-validity-coef", "-1"], "--turn-validity-coef must be >= 0, not -1.0"),
     ],
 )
 def test_learning_bench_rejects_bad_step_group_settings(

@@ -642,12 +642,11 @@ def sft_command(
 
     `agentgym train` / `agentgym run` on the same run directory then start RL from it (no second warm-up).
     """
+    if learning_rate is not None and not learning_rate > 0:  # 0 would train nothing; a usage error (exit 2)
+        raise typer.BadParameter(f"must be > 0, not {learning_rate}", param_hint="'--learning-rate'")
     from agentgym.spec import SpecError, load_training_run
     from agentgym.trainer.config import RLTrainerConfig
     from agentgym.trainer.loop import build_warmup_examples
-
-    if learning_rate is not None and not learning_rate > 0:  # 0 would train nothing; a usage error (exit 2)
-        raise typer.BadParameter(f"must be > 0, not {learning_rate}", param_hint="'--learning-rate'")
     from agentgym.trainer.trainer import RLTrainer
 
     try:
