@@ -74,7 +74,7 @@ def main(stage: int, work: Path, model: str) -> dict[str, Any]:
             algorithm="grpo",
             group_size=3,
             mini_batch_size=3,
-            micro_batch_tokens=160,
+            micro_batch_tokens=64,  # several packed rows per mini-batch: gradients accumulate over them
             learning_rate=1e-3,
             kl_coef=0.0,
             total_steps=10,

@@ -161,6 +161,12 @@ class DeepSpeedEngine:
         self.zero_stage = int(config.zero_stage)
 
     def backward(self, loss: Tensor, last: bool) -> None:
+        # The trainer's forward calls the module, not the engine, so the engine's start-of-forward bookkeeping
+        # is made here. ZeRO-3 counts micro-steps in it: without it each packed row's gradient replaced the
+        # previous rows' instead of adding to them.
+        new_micro_step = getattr(self.optimizer, "clear_backward_seen_flag", None)
+        if new_micro_step is not None:
+            new_micro_step()
         self.ds.set_gradient_accumulation_boundary(last)
         self.ds.backward(loss, scale_wrt_gas=False)
 
