@@ -95,6 +95,10 @@ def test_minimal_spec_gets_sensible_defaults() -> None:
         ),
         ({"rollout": {"topP": 1.5}}, "spec.rollout.topP: Input should be less than or equal to 1"),
         ({"trainer": {"backend": "deepspeed"}}, "spec.trainer: backend deepspeed needs gpus >= 1"),
+        (
+            {"trainer": {"gpus": 2}},
+            "spec.trainer: backend torch trains on one device, not gpus: 2; use backend deepspeed",
+        ),
         ({"trainer": {"sftThoughts": "maybe"}}, "spec.trainer.sftThoughts: Input should be a valid boolean"),
         (
             {"algorithm": {"turnValidityNeedsSuccess": "sometimes"}},

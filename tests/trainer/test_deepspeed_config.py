@@ -26,7 +26,8 @@ def test_zero2_bf16() -> None:
     assert ds["optimizer"]["type"] == "AdamW" and ds["optimizer"]["params"]["lr"] == 2e-6
     # one packed row per micro-batch; the trainer marks accumulation boundaries itself
     assert ds["train_micro_batch_size_per_gpu"] == 1 and ds["gradient_accumulation_steps"] == 1
-    assert ds["train_batch_size"] == 4
+    assert ds["train_batch_size"] == 4  # one rank per GPU
+    assert deepspeed_config(_config(zero_stage=2), world_size=2)["train_batch_size"] == 2  # the ranks started
     assert ds["activation_checkpointing"] == {}
 
 
@@ -67,6 +68,8 @@ def test_launcher_command() -> None:
 def test_deepspeed_needs_gpus_and_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="gpus"):
         RLTrainerConfig(backend="deepspeed", gpus=0)
+    with pytest.raises(ValueError, match="backend torch trains on one device"):
+        RLTrainerConfig(backend="torch", gpus=2)  # one process: the second GPU would sit idle
     monkeypatch.setitem(sys.modules, "deepspeed", None)  # as where the package is not installed
     assert not deepspeed_available()
     import torch

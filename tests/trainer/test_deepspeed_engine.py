@@ -3,7 +3,7 @@
 No GPU here, but DeepSpeed runs ZeRO-2 and ZeRO-3 on CPU, so its engine, the trainer's use of it and
 its checkpoints are tested, not only its config: each stage must train the same two GRPO steps as
 the plain torch backend (fp32, same AdamW: equal up to summation order), resume exactly from its own
-checkpoint, and save a plain HF folder. What stays untested here: CUDA, bf16 and several ranks.
+checkpoint, and save a plain HF folder. Several ranks: test_data_parallel. Untested here: CUDA and bf16.
 """
 
 from __future__ import annotations

@@ -5,17 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import nats
 import pytest
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.api import AckPolicy, ConsumerConfig
-from trainer_helpers import synthetic_trajectory
+from trainer_helpers import fake_rollout_worker
 
-from agentgym.messaging import EmbeddedNats, RunChannels, decode_message, ensure_run_streams, publish_message
+from agentgym.messaging import EmbeddedNats, RunChannels, decode_message, ensure_run_streams
 from agentgym.proto import rl_pb2
 from agentgym.trainer.checkpoint import checkpoint_dirs
 from agentgym.trainer.loop import run_training
@@ -26,51 +24,6 @@ from agentgym.trainer.trainer import StepMetrics
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
     with EmbeddedNats(tmp_path_factory.mktemp("nats-loop")) as server:
         yield server
-
-
-async def fake_rollout_worker(
-    url: str, run: str, stop: asyncio.Event, requests_seen: list[rl_pb2.RolloutRequest]
-) -> None:
-    """Answers each RolloutRequest with a synthetic trajectory carrying the request's ids and version.
-
-    The first trajectory is also published a second time without a message id (a worker that
-    crashed after publishing and replayed the request): the trainer must drop it by id.
-    """
-    client = await nats.connect(url)
-    js = client.jetstream()
-    channels = RunChannels(run)
-    await ensure_run_streams(js, channels)  # the operator's job in a cluster; the worker may start first
-    subscription = await js.pull_subscribe(
-        channels.requests_subject,
-        durable="rollout-workers",
-        stream=channels.requests_stream,
-        config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30),
-    )
-    replayed = False
-    try:
-        while not stop.is_set():
-            try:
-                messages = await subscription.fetch(16, timeout=0.3)
-            except (TimeoutError, NatsTimeoutError):
-                continue
-            for message in messages:
-                request = decode_message(message.data, rl_pb2.RolloutRequest)
-                requests_seen.append(request)
-                rng = random.Random(request.seed)
-                trajectory = synthetic_trajectory(
-                    rng, run=run, environment=request.environment, policy_version=request.policy_version
-                )
-                trajectory.trajectory_id = trajectory.request_id = request.request_id
-                trajectory.group_id, trajectory.step = request.group_id, request.step
-                trajectory.sample_index, trajectory.task_id = request.sample_index, request.task_id
-                trajectory.horizon = request.max_turns
-                await publish_message(js, channels.trajectories_subject, trajectory, msg_id=trajectory.trajectory_id)
-                if not replayed:
-                    await publish_message(js, channels.trajectories_subject, trajectory)
-                    replayed = True
-                await message.ack()
-    finally:
-        await client.close()
 
 
 async def control_messages(url: str, run: str) -> tuple[list[rl_pb2.WeightUpdate], list[rl_pb2.CurriculumState]]:

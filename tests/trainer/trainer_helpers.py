@@ -1,14 +1,20 @@
-"""Helpers of the trainer tests: synthetic multi-turn trajectories, engine-exact sampled logprobs."""
+"""Helpers of the trainer tests: synthetic multi-turn trajectories, engine-exact sampled logprobs, a scripted
+rollout worker."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import random
 from pathlib import Path
 from typing import Any
 
+import nats
 import torch
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import AckPolicy, ConsumerConfig
 
+from agentgym.messaging import RunChannels, decode_message, ensure_run_streams, publish_message
 from agentgym.proto import rl_pb2
 
 
@@ -92,3 +98,48 @@ def load_benchmark(script: str, module_name: str | None = None) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+async def fake_rollout_worker(
+    url: str, run: str, stop: asyncio.Event, requests_seen: list[rl_pb2.RolloutRequest]
+) -> None:
+    """Answers each RolloutRequest with a synthetic trajectory carrying the request's ids and version.
+
+    The first trajectory is also published a second time without a message id (a worker that
+    crashed after publishing and replayed the request): the trainer must drop it by id.
+    """
+    client = await nats.connect(url)
+    js = client.jetstream()
+    channels = RunChannels(run)
+    await ensure_run_streams(js, channels)  # the operator's job in a cluster; the worker may start first
+    subscription = await js.pull_subscribe(
+        channels.requests_subject,
+        durable="rollout-workers",
+        stream=channels.requests_stream,
+        config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30),
+    )
+    replayed = False
+    try:
+        while not stop.is_set():
+            try:
+                messages = await subscription.fetch(16, timeout=0.3)
+            except (TimeoutError, NatsTimeoutError):
+                continue
+            for message in messages:
+                request = decode_message(message.data, rl_pb2.RolloutRequest)
+                requests_seen.append(request)
+                rng = random.Random(request.seed)
+                trajectory = synthetic_trajectory(
+                    rng, run=run, environment=request.environment, policy_version=request.policy_version
+                )
+                trajectory.trajectory_id = trajectory.request_id = request.request_id
+                trajectory.group_id, trajectory.step = request.group_id, request.step
+                trajectory.sample_index, trajectory.task_id = request.sample_index, request.task_id
+                trajectory.horizon = request.max_turns
+                await publish_message(js, channels.trajectories_subject, trajectory, msg_id=trajectory.trajectory_id)
+                if not replayed:
+                    await publish_message(js, channels.trajectories_subject, trajectory)
+                    replayed = True
+                await message.ack()
+    finally:
+        await client.close()

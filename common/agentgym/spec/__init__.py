@@ -293,6 +293,9 @@ class TrainerSpec(SpecModel):
     def _deepspeed_needs_gpus(self) -> TrainerSpec:
         if self.backend == "deepspeed" and self.gpus < 1:
             raise ValueError("backend deepspeed needs gpus >= 1")
+        if self.backend == "torch" and self.gpus > 1:
+            # One process: the other GPUs would sit idle. DeepSpeed runs one data-parallel rank per GPU.
+            raise ValueError(f"backend torch trains on one device, not gpus: {self.gpus}; use backend deepspeed")
         return self
 
 

@@ -231,6 +231,8 @@ class RLTrainerConfig:
             raise ValueError("at least one environment is needed")
         if self.backend == "deepspeed" and self.gpus < 1:
             raise ValueError("backend deepspeed needs gpus >= 1")
+        if self.backend == "torch" and self.gpus > 1:
+            raise ValueError(f"backend torch trains on one device, not gpus={self.gpus}; use backend deepspeed")
         self.environments = [
             e if isinstance(e, EnvironmentConfig) else EnvironmentConfig(**e) for e in self.environments
         ]

@@ -13,12 +13,12 @@ install (the dev install pins it next to the CPU torch, which it then leaves alo
 * :class:`DeepSpeedEngine`: the :class:`~agentgym.trainer.backend.PolicyEngine` used by
   ``RLTrainer`` when ``backend == "deepspeed"``.
 
-The tests train with this engine on DeepSpeed's CPU accelerator (gloo, one rank, fp32): ZeRO-2 and
-ZeRO-3 give the torch backend's update and resume exactly from their checkpoints. CUDA and bf16 are
-NOT exercised there (no GPU). The training loop runs ONE rank: data-parallel training over several
-GPUs (rank 0 collecting and broadcasting each batch, the same number of packed rows on every rank
-for ZeRO-3's collectives, rank-0 checkpoint writes) is not implemented, and the entrypoint refuses
-``WORLD_SIZE > 1``.
+Several GPUs train data-parallel, one rank each (``agentgym.trainer.distributed``: rank 0 collects
+and announces each call, each rank trains on its share of the packed rows).
+
+The tests train with this engine on DeepSpeed's CPU accelerator (gloo, fp32), on one rank and on two:
+ZeRO-2 and ZeRO-3 give the torch backend's update and resume exactly from their checkpoints. CUDA,
+NCCL and bf16 are NOT exercised there (no GPU).
 """
 
 from __future__ import annotations
@@ -45,9 +45,15 @@ def deepspeed_available() -> bool:
 
 
 def deepspeed_config(
-    config: RLTrainerConfig, settings: OptimizerSettings | None = None, *, torch_adam: bool = False
+    config: RLTrainerConfig,
+    settings: OptimizerSettings | None = None,
+    *,
+    torch_adam: bool = False,
+    world_size: int | None = None,
 ) -> dict[str, Any]:
     """The DeepSpeed config dict for ``config`` (ZeRO stage, bf16, optimizer, clipping).
+
+    ``world_size``: the data-parallel ranks (default ``config.gpus``), one packed row each per micro-step.
 
     ``torch_adam``: step with ``torch.optim.AdamW`` rather than DeepSpeed's FusedAdam, whose kernel
     is compiled on first use; for DeepSpeed's CPU accelerator, where there is nothing to fuse for.
@@ -74,7 +80,7 @@ def deepspeed_config(
             stage3_max_live_parameters=1e9,
             stage3_max_reuse_distance=1e9,
         )
-    world = max(1, int(config.gpus))
+    world = max(1, int(config.gpus if world_size is None else world_size))
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
@@ -141,7 +147,9 @@ def launcher_command_line(*args: Any, **kwargs: Any) -> str:
 class DeepSpeedEngine:
     """``PolicyEngine`` over a DeepSpeed engine (ZeRO-2/3)."""
 
-    def __init__(self, module: nn.Module, settings: OptimizerSettings, config: RLTrainerConfig) -> None:
+    def __init__(
+        self, module: nn.Module, settings: OptimizerSettings, config: RLTrainerConfig, *, world_size: int = 1
+    ) -> None:
         try:
             import deepspeed
         except ImportError as error:
@@ -149,7 +157,9 @@ class DeepSpeedEngine:
                 "backend 'deepspeed' needs the deepspeed package (GPU images); use backend 'torch' on CPU"
             ) from error
         self.settings = settings
-        self.config_dict = deepspeed_config(config, settings, torch_adam=not torch.cuda.is_available())
+        self.config_dict = deepspeed_config(
+            config, settings, torch_adam=not torch.cuda.is_available(), world_size=world_size
+        )
         engine, optimizer, _, _ = deepspeed.initialize(
             model=module,
             model_parameters=[p for p in module.parameters() if p.requires_grad],

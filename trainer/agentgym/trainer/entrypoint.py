@@ -6,6 +6,9 @@ NATS from ``--nats-url``, the spec's ``messaging.natsUrl`` or ``$AGENTGYM_NATS_U
 come from the environment packages in-process, or from env services named with ``--env-url
 NAME=URL`` (or the spec's ``environments[].url``). SIGTERM and
 SIGINT stop the loop after the step in progress is checkpointed.
+
+Under the DeepSpeed launcher (``WORLD_SIZE`` > 1) every rank runs this: rank 0 runs the loop above,
+the others follow it (``agentgym.trainer.distributed``); only rank 0 connects to NATS.
 """
 
 from __future__ import annotations
@@ -86,17 +89,26 @@ def _config_and_url(args: argparse.Namespace) -> tuple[RLTrainerConfig, str | No
 def main(argv: list[str] | None = None) -> int:
     args, _ = _parser().parse_known_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1:
-        # Data-parallel ranks would each publish requests and collect trajectories; rank-0 collection with
-        # a broadcast of the batch and balanced packed rows per rank are not implemented yet.
-        raise SystemExit(f"WORLD_SIZE={world}: multi-GPU data-parallel training is not implemented; use gpus: 1")
     config, spec_url = config_from_args(args)
+    from agentgym.trainer.distributed import follow, init_data_parallel, world_size_from_env
+
+    world = world_size_from_env()
+    if world > 1 and config.backend != "deepspeed":
+        raise SystemExit(f"WORLD_SIZE={world}: training on several ranks needs trainer.backend: deepspeed")
     from agentgym.messaging import default_nats_url
 
     url = args.nats_url or spec_url or default_nats_url()
     if not url:
         raise SystemExit("no NATS URL: pass --nats-url, set messaging.natsUrl or $AGENTGYM_NATS_URL")
+    from agentgym.trainer.trainer import RLTrainer
+
+    data_parallel = init_data_parallel(args.local_rank)
+    if not data_parallel.is_main:
+        follower = RLTrainer(config, data_parallel=data_parallel)
+        calls = follow(follower)
+        follower.close()
+        logging.getLogger(__name__).info("rank %d: made %d calls; done", data_parallel.rank, calls)
+        return 0
     from agentgym.telemetry import TELEMETRY_DIR_VAR, setup_telemetry
     from agentgym.trainer.loop import run_training
 
@@ -109,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        trainer = await run_training(config, url, stop=stop)
+        trainer = await run_training(config, url, stop=stop, trainer=RLTrainer(config, data_parallel=data_parallel))
         trainer.close()
 
     try:

@@ -12,6 +12,10 @@ Per step ``t`` (from the checkpointed step on a restart)::
 Before the first step: the SFT warm-up on expert demonstrations when ``sft_warmup_steps`` > 0 (once;
 checkpointed), then a WeightUpdate for the policy to serve (the initial model, the warm-started
 one, or the resumed checkpoint) and the current CurriculumState.
+
+With several data-parallel ranks this runs on rank 0; each trainer call that computes or saves is
+announced to the other ranks first (:func:`_on_all_ranks`), which make it too
+(``agentgym.trainer.distributed``).
 """
 
 from __future__ import annotations
@@ -66,6 +70,17 @@ def build_warmup_examples(config: RLTrainerConfig, tokenizer: Any) -> list[SFTEx
     return examples
 
 
+def _on_all_ranks(trainer: RLTrainer, method: str, *args: Any, **kwargs: Any) -> Any:
+    """``trainer.<method>(*args, **kwargs)`` here, after telling the other data-parallel ranks to make the same call."""
+    trainer.dp.announce(method, *args, **kwargs)
+    return getattr(trainer, method)(*args, **kwargs)
+
+
+def _warm_up(trainer: RLTrainer, examples: list[SFTExample], stop: asyncio.Event) -> None:
+    trainer.dp.announce("sft", examples, trainer.config.sft_warmup_steps)  # rank 0 decides when to stop
+    trainer.sft(examples, trainer.config.sft_warmup_steps, should_stop=stop.is_set)
+
+
 def _next_horizon(trainer: RLTrainer, step: int) -> int:
     horizon_of = getattr(trainer.schedule, "horizon", None)
     if callable(horizon_of):
@@ -115,7 +130,22 @@ async def run_training(
     """Train until ``total_steps`` (or ``stop`` is set, after the step in progress); returns the trainer."""
     stop = stop or asyncio.Event()
     trainer = trainer or RLTrainer(config)
-    resumed = trainer.maybe_resume()
+    try:
+        return await _lead(config, nats_url, stop, trainer, catalogs, sft_examples, on_step)
+    finally:
+        trainer.dp.stop_followers()  # no-op on one rank
+
+
+async def _lead(
+    config: RLTrainerConfig,
+    nats_url: str,
+    stop: asyncio.Event,
+    trainer: RLTrainer,
+    catalogs: Mapping[str, Any] | Callable[[str], Any] | None,
+    sft_examples: Sequence[SFTExample] | None,
+    on_step: Callable[[StepMetrics], None] | None,
+) -> RLTrainer:
+    resumed = await asyncio.to_thread(_on_all_ranks, trainer, "maybe_resume")
     if resumed is not None:
         log.info("resumed from %s at step %d (policy version %d)", resumed, trainer.step, trainer.policy_version)
     tracer = trace.get_tracer("agentgym.trainer")
@@ -143,14 +173,14 @@ async def run_training(
                     examples = await asyncio.to_thread(build_warmup_examples, config, trainer.tokenizer)
                 # Compute runs on a worker thread: the event loop must keep answering NATS pings and
                 # sending the collector's in-progress heartbeats, or the server drops the connection.
-                await asyncio.to_thread(trainer.sft, examples, config.sft_warmup_steps, should_stop=stop.is_set)
+                await asyncio.to_thread(_warm_up, trainer, examples, stop)
                 if not trainer.sft_done:  # stopped mid-warm-up: nothing is saved, a resume starts it again
                     return trainer
-                await asyncio.to_thread(trainer.save_checkpoint)
-        policy_dir = trainer.current_policy_dir
-        if policy_dir is None:
-            policy_dir = await asyncio.to_thread(trainer.export_weights)
-        await publish_weight_update(js, channels, trainer.policy_version, policy_dir, trainer.step)
+                await asyncio.to_thread(_on_all_ranks, trainer, "save_checkpoint")
+        if trainer.current_policy_dir is None:
+            await asyncio.to_thread(_on_all_ranks, trainer, "export_weights")
+        assert trainer.current_policy_dir is not None
+        await publish_weight_update(js, channels, trainer.policy_version, trainer.current_policy_dir, trainer.step)
         await publish_curriculum(js, channels, trainer.schedule.state())
         published: set[int] = set()
         while trainer.step < config.total_steps and not stop.is_set():
@@ -165,13 +195,15 @@ async def run_training(
                 if config.max_staleness > 0 and step + 1 < config.total_steps and step + 1 not in published:
                     await publisher.publish(step + 1, _next_horizon(trainer, step + 1), trainer.policy_version)
                     published.add(step + 1)
-                metrics = await asyncio.to_thread(trainer.train_step, batch.trajectories, extra_counts=batch.counts)
+                metrics = await asyncio.to_thread(
+                    _on_all_ranks, trainer, "train_step", batch.trajectories, extra_counts=batch.counts
+                )
                 if trainer.step % config.checkpoint_every == 0 or trainer.step >= config.total_steps:
-                    path = await asyncio.to_thread(trainer.save_checkpoint)
+                    path = await asyncio.to_thread(_on_all_ranks, trainer, "save_checkpoint")
                     acked = await collector.commit()
                     log.info("step %d checkpointed at %s; acked %d messages", step, path, acked)
                 else:
-                    path = await asyncio.to_thread(trainer.export_weights)
+                    path = await asyncio.to_thread(_on_all_ranks, trainer, "export_weights")
                 await publish_weight_update(js, channels, trainer.policy_version, path, trainer.step)
                 await publish_curriculum(js, channels, trainer.schedule.state())
                 all_stats = metrics.env.get("all", {})

@@ -31,17 +31,22 @@ One step (:meth:`RLTrainer.train_step`)
    forward/backward per row, one optimiser step per mini-batch. Shuffling is seeded by
    ``(seed, step)``, so a resumed run makes the same updates.
 7. The horizon schedule is updated with the step's ``success_rate`` and ``truncation_rate``.
+
+Data-parallel (``data_parallel`` with several ranks, DeepSpeed): every rank makes the same calls on
+the same trajectories; each forward/backward pass above takes only this rank's share of the packed
+rows, and the step's metrics are summed over the ranks (``agentgym.trainer.distributed``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +71,7 @@ from agentgym.trainer.checkpoint import (
 )
 from agentgym.trainer.config import RLTrainerConfig
 from agentgym.trainer.critic import ValueModel
+from agentgym.trainer.distributed import DataParallel
 from agentgym.trainer.losses import aggregate_loss, dpo_loss, kl_loss, kl_penalty, policy_loss, value_loss
 from agentgym.trainer.metrics import MetricsSink, flatten_metrics, rollout_metrics
 from agentgym.trainer.packed_attention import PACKED_ATTENTION, register_packed_attention
@@ -241,8 +247,12 @@ class RLTrainer:
         tokenizer: Any = None,
         metrics_sink: MetricsSink | None = None,
         write_metrics: bool = True,
+        data_parallel: DataParallel | None = None,
     ) -> None:
         self.config = config
+        self.dp = data_parallel or DataParallel()
+        if self.dp.enabled and config.backend != "deepspeed":
+            raise ValueError(f"data-parallel training over {self.dp.world_size} ranks needs backend 'deepspeed'")
         self.device = self._pick_device()
         if self.device.type == "cpu":
             retain_freed_memory()  # the [tokens, vocab] logits and their gradients reuse freed buffers each step
@@ -265,6 +275,7 @@ class RLTrainer:
         self.critic_engine: TorchEngine | None = None
         if config.algorithm == "ppo":
             self.critic = self._build_critic()
+            self.dp.broadcast_parameters(self.critic)  # every rank's critic starts from rank 0's
         self.engine: PolicyEngine = self._build_engine()
         if self.critic is not None:
             self.critic_engine = TorchEngine(
@@ -285,6 +296,8 @@ class RLTrainer:
         self.last_checkpoint: Path | None = None
         self.last_metrics: dict[str, float] = {}
         self._policy_dir: Path | None = self.model_folder
+        if not self.dp.is_main:  # rank 0 reports for all ranks
+            metrics_sink, write_metrics = None, False
         if metrics_sink is None and write_metrics:
             metrics_sink = MetricsSink(
                 config.run_dir, config.run, tensorboard=config.tensorboard, otel=config.otel_metrics
@@ -299,7 +312,7 @@ class RLTrainer:
         if self.config.device:
             return torch.device(self.config.device)
         if self.config.gpus > 0 and torch.cuda.is_available():
-            return torch.device("cuda")
+            return torch.device("cuda", self.dp.local_rank) if self.dp.enabled else torch.device("cuda")
         return torch.device("cpu")
 
     def _autocast_dtype(self) -> torch.dtype | None:
@@ -370,7 +383,7 @@ class RLTrainer:
         if c.backend == "deepspeed":
             from agentgym.trainer.deepspeed_backend import DeepSpeedEngine
 
-            return DeepSpeedEngine(self.policy, settings, c)
+            return DeepSpeedEngine(self.policy, settings, c, world_size=self.dp.world_size)
         return TorchEngine(self.policy, settings)
 
     # ------------------------------------------------------------------------------------------
@@ -440,29 +453,44 @@ class RLTrainer:
             out[b, : lengths[b]] = v.detach().float().cpu()
         return out
 
+    def _gathered(self, local: dict[int, Tensor], batch: _Batch) -> Tensor:
+        """``[B, T]`` from each rank's ``{batch index: per-token values}`` of its rows."""
+        result: list[Tensor] = [torch.zeros(0)] * batch.size
+        parts = self.dp.gather({b: v.detach().float().cpu() for b, v in local.items()}) if self.dp.enabled else [local]
+        for part in parts:
+            for b, v in part.items():
+                result[b] = v
+        return self._scatter(result, batch.lengths, batch.size, batch.mask.shape[1]) * batch.mask
+
     @torch.no_grad()
     def _logprobs_of(self, model: nn.Module, batch: _Batch) -> Tensor:
-        """``[B, T]`` log-probs of the response tokens under ``model`` (no gradient)."""
-        result: list[Tensor] = [torch.zeros(0)] * batch.size
+        """``[B, T]`` log-probs of the response tokens under ``model`` (no gradient); rows split over the ranks."""
+        local: dict[int, Tensor] = {}
+        rows = self._pack(batch, list(range(batch.size)))
         was_training = model.training
         model.eval()
         try:
-            for row, idx in self._pack(batch, list(range(batch.size))):
+            for entry in self.dp.shard(rows):
+                if entry is None:
+                    if model is self.policy:  # ZeRO-3 gathers the policy's parameters in every rank's forward
+                        self._forward(model, rows[0][0], with_entropy=False)
+                    continue
+                row, idx = entry
                 out = self._forward(model, row, with_entropy=False)
-                for b, lp in zip(idx, out.logprobs, strict=True):
-                    result[b] = lp
+                local.update(zip(idx, out.logprobs, strict=True))
         finally:
             model.train(was_training)
-        return self._scatter(result, batch.lengths, batch.size, batch.mask.shape[1]) * batch.mask
+        return self._gathered(local, batch)
 
     @torch.no_grad()
     def _values_of(self, batch: _Batch) -> Tensor:
         assert self.critic is not None
-        result: list[Tensor] = [torch.zeros(0)] * batch.size
-        for row, idx in self._pack(batch, list(range(batch.size))):
-            for b, v in zip(idx, self.critic.values(row, self.autocast_dtype), strict=True):
-                result[b] = v
-        return self._scatter(result, batch.lengths, batch.size, batch.mask.shape[1]) * batch.mask
+        local: dict[int, Tensor] = {}
+        for entry in self.dp.shard(self._pack(batch, list(range(batch.size)))):
+            if entry is not None:  # the critic is a plain module: no collective to pair up
+                row, idx = entry
+                local.update(zip(idx, self.critic.values(row, self.autocast_dtype), strict=True))
+        return self._gathered(local, batch)
 
     # ------------------------------------------------------------------------------------------
     # the RL step
@@ -641,10 +669,12 @@ class RLTrainer:
                 mb_tokens = float(mask[members].sum())
                 mb_seqs = float((mask[members].sum(dim=1) > 0).sum())
                 measure = epoch == 0 and start == 0 and not c.recompute_old_logprobs
-                for r, (row, idx) in enumerate(rows):
-                    last = r == len(rows) - 1
+                mine = self.dp.shard(rows)
+                for r, entry in enumerate(mine):
+                    last = r == len(mine) - 1
+                    # None: this rank has fewer rows than others; a zero-weighted pass keeps collectives paired
+                    row, idx = entry if entry is not None else rows[0]
                     fwd = self._forward(self.policy, row, with_entropy=True)
-                    tokens_processed += row.num_tokens
                     width = max(batch.lengths[b] for b in idx)
                     lp = pad_sequence(fwd.logprobs, batch_first=True)[:, :width]
                     ent = pad_sequence(fwd.entropy or [], batch_first=True)[:, :width]
@@ -672,8 +702,14 @@ class RLTrainer:
                         kl = kl_loss(lp, ref[idx, :width].to(lp.device), m, c.kl_type, c.loss_aggregation)
                         if c.kl_as == "loss":
                             loss = loss + c.kl_coef * kl
-                        add("kl", float(kl.detach()), row_tokens)
-                    self.engine.backward(loss * weight, last)
+                        if entry is not None:
+                            add("kl", float(kl.detach()), row_tokens)
+                    # DeepSpeed averages the ranks' gradients: x world makes it their sum, the full mini-batch's
+                    scale = weight * self.dp.world_size if entry is not None else 0.0
+                    self.engine.backward(loss * scale, last)
+                    if entry is None:
+                        continue
+                    tokens_processed += row.num_tokens
                     if measure:
                         first_diff.append(((lp.detach().cpu() - sampled[idx, :width]).abs() * m.cpu()).flatten())
                         first_count += row_tokens
@@ -684,7 +720,11 @@ class RLTrainer:
                 grad_norms.append(self.engine.step())
                 if self.critic is not None and self.critic_engine is not None:
                     assert returns is not None and old_values is not None
-                    for r, (row, idx) in enumerate(rows):
+                    mine = self.dp.shard(rows)
+                    for r, entry in enumerate(mine):
+                        if entry is None:  # the critic trains outside DeepSpeed: its gradients are summed below
+                            continue
+                        row, idx = entry
                         width = max(batch.lengths[b] for b in idx)
                         values = pad_sequence(self.critic.values(row, self.autocast_dtype), batch_first=True)[:, :width]
                         m = mask[idx, :width].to(values.device)
@@ -701,17 +741,30 @@ class RLTrainer:
                             clip_range=c.value_clip,
                             aggregation=c.loss_aggregation,
                         )
-                        self.critic_engine.backward(vl * weight, r == len(rows) - 1)
+                        self.critic_engine.backward(vl * weight, r == len(mine) - 1)
                         add("value_loss", float(vl.detach()), row_tokens)
                         for name, value in vstats.as_dict().items():
                             add(f"value_{name}" if not name.startswith("value") else name, value, row_tokens)
+                    self.dp.sum_gradients(self.critic.parameters())
                     critic_norms.append(self.critic_engine.step())
         elapsed = time.perf_counter() - compute_started
-        out = {name: sums[name] / weights[name] if weights[name] else 0.0 for name in sums}
-        if diff_max is None and first_diff:
-            d = torch.cat(first_diff)
-            diff_max = float(d.max()) if d.numel() else 0.0
-            diff_mean = float(d.sum()) / max(first_count, 1.0)
+        d = torch.cat(first_diff) if first_diff else torch.zeros(0)
+        local_diff = (float(d.max()) if d.numel() else 0.0, float(d.sum()), first_count)
+        # Each rank measured its own rows: sum the weighted sums, tokens and engine/trainer gaps over the ranks.
+        parts = self.dp.gather((sums, weights, tokens_processed, local_diff, elapsed))
+        total_sums: dict[str, float] = {}
+        total_weights: dict[str, float] = {}
+        for part_sums, part_weights, _, _, _ in parts:
+            for name in part_sums:
+                total_sums[name] = total_sums.get(name, 0.0) + part_sums[name]
+                total_weights[name] = total_weights.get(name, 0.0) + part_weights[name]
+        tokens_processed = sum(part[2] for part in parts)
+        elapsed = max(part[4] for part in parts)
+        diffs = [part[3] for part in parts if part[3][2] > 0]
+        out = {name: total_sums[name] / w if (w := total_weights[name]) else 0.0 for name in total_sums}
+        if diff_max is None and diffs:
+            diff_max = max(diff[0] for diff in diffs)
+            diff_mean = sum(diff[1] for diff in diffs) / sum(diff[2] for diff in diffs)
         out["logprob_diff_max"] = diff_max or 0.0
         out["logprob_diff_mean"] = diff_mean or 0.0
         out["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else 0.0
@@ -758,17 +811,24 @@ class RLTrainer:
             rows = self._pack(batch, list(range(batch.size)))
             started = time.perf_counter()
             tokens = 0
-            for r, (row, idx) in enumerate(rows):
+            mine = self.dp.shard(rows)
+            for r, entry in enumerate(mine):
+                row, idx = entry if entry is not None else rows[0]  # None: a zero-weighted pass (see _update)
                 out = self._forward(self.policy, row, with_entropy=False)
                 width = max(batch.lengths[b] for b in idx)
                 lp = pad_sequence(out.logprobs, batch_first=True)[:, :width]
                 m = batch.mask[idx, :width].to(lp.device)
                 nll = -(lp * m).sum() / max(total, 1.0)
-                self.engine.backward(nll, r == len(rows) - 1)
-                loss_sum += float(nll.detach())
-                tokens += row.num_tokens
+                self.engine.backward(nll * (self.dp.world_size if entry is not None else 0.0), r == len(mine) - 1)
+                if entry is not None:
+                    loss_sum += float(nll.detach())
+                    tokens += row.num_tokens
             grad_norm = self.engine.step()
             elapsed = time.perf_counter() - started
+            if self.dp.enabled:
+                parts = self.dp.gather((loss_sum, tokens, elapsed))
+                loss_sum, tokens = sum(part[0] for part in parts), sum(part[1] for part in parts)
+                elapsed = max(part[2] for part in parts)
         finally:
             self.engine.set_lr(lr_before)
         return {
@@ -809,7 +869,8 @@ class RLTrainer:
         order: list[int] = []
         history: list[dict[str, float]] = []
         for k in range(steps):
-            if should_stop is not None and should_stop():
+            # Rank 0's answer for every rank: they stop together, or none does.
+            if self.dp.broadcast(should_stop is not None and should_stop()):
                 log.info("SFT stopped after %d of %d steps", k, steps)
                 return history
             if len(order) < size:
@@ -840,7 +901,7 @@ class RLTrainer:
         if self.reference is None:
             return
         folder = self.config.run_dir / "reference"
-        with atomic_directory(folder) as tmp:
+        with self._atomic_directory(folder) as tmp:
             self._save_policy(tmp)
         self.reference = self._frozen_copy(self._load_lm(folder).to(self.device))
         self.reference_dir = folder
@@ -939,10 +1000,29 @@ class RLTrainer:
     # checkpoints and weights
     # ------------------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _atomic_directory(self, final: Path) -> Iterator[Path]:
+        """:class:`atomic_directory` for every rank: rank 0 makes the temporary folder and renames it into
+        place once all ranks have written their parts (each rank's optimizer partition, under DeepSpeed)."""
+        if not self.dp.enabled:
+            with atomic_directory(final) as tmp:
+                yield tmp
+            return
+        if self.dp.is_main:
+            with atomic_directory(final) as tmp:
+                self.dp.broadcast(str(tmp))
+                yield tmp
+                self.dp.barrier()  # every rank has written into tmp
+        else:
+            yield Path(self.dp.broadcast())
+            self.dp.barrier()
+        self.dp.barrier()  # renamed: every rank may read `final`
+
     def _save_policy(self, folder: Path) -> None:
+        """The policy's HF folder (and tokenizer); every rank calls it, rank 0 writes."""
         save = getattr(self.engine, "save_hf_model", None)
         if save is not None:
-            save(folder)
+            save(folder)  # gathers ZeRO-3's partitions (a collective), writes on rank 0
         else:
             save_pretrained = getattr(self.policy, "save_pretrained", None)
             if save_pretrained is None:
@@ -951,6 +1031,8 @@ class RLTrainer:
         self._save_tokenizer(folder)
 
     def _save_tokenizer(self, folder: Path) -> None:
+        if not self.dp.is_main:
+            return
         source = Path(self.config.tokenizer) if self.config.tokenizer else self.model_folder
         if source is not None and (source / "tokenizer.json").is_file():
             import shutil
@@ -985,21 +1067,23 @@ class RLTrainer:
         """
         root = Path(directory) if directory is not None else self.config.checkpoint_dir
         final = root / f"step-{self.step}"
-        with atomic_directory(final) as tmp:
+        with self._atomic_directory(final) as tmp:
             self._save_policy(tmp)
             save_engine_state = getattr(self.engine, "save_engine_state", None)
             if save_engine_state is not None:  # DeepSpeed: partitioned optimizer state, its own format
-                save_engine_state(tmp / "engine")
-            optimizer_state = {
-                "policy": None if save_engine_state is not None else self.engine.optimizer_state(),
-                "critic": self.critic_engine.optimizer_state() if self.critic_engine is not None else None,
-            }
-            torch.save(optimizer_state, tmp / "optimizer.pt")
-            torch.save(capture_rng_state(), tmp / "rng.pt")
-            if self.critic is not None:
-                self.critic.save(tmp / "critic")
-            (tmp / STATE_FILE).write_text(json.dumps(self.state_dict(), indent=1, default=float))
-        prune_checkpoints(root, self.config.keep_checkpoints, protect=[final])
+                save_engine_state(tmp / "engine")  # every rank writes its partition
+            if self.dp.is_main:  # the rest is the same on every rank: rank 0 writes it
+                optimizer_state = {
+                    "policy": None if save_engine_state is not None else self.engine.optimizer_state(),
+                    "critic": self.critic_engine.optimizer_state() if self.critic_engine is not None else None,
+                }
+                torch.save(optimizer_state, tmp / "optimizer.pt")
+                torch.save(capture_rng_state(), tmp / "rng.pt")
+                if self.critic is not None:
+                    self.critic.save(tmp / "critic")
+                (tmp / STATE_FILE).write_text(json.dumps(self.state_dict(), indent=1, default=float))
+        if self.dp.is_main:
+            prune_checkpoints(root, self.config.keep_checkpoints, protect=[final])
         self.last_checkpoint = final
         self._policy_dir = final
         return final
@@ -1008,8 +1092,11 @@ class RLTrainer:
         """Write the current policy (HF folder) to ``<directory>/version-<policy_version>`` for inference."""
         root = Path(directory) if directory is not None else self.config.weights_dir
         final = root / f"version-{self.policy_version}"
-        with atomic_directory(final) as tmp:
+        with self._atomic_directory(final) as tmp:
             self._save_policy(tmp)
+        self._policy_dir = final
+        if not self.dp.is_main:
+            return final
         versions = sorted(
             (int(p.name.split("-", 1)[1]), p)
             for p in root.iterdir()
@@ -1020,7 +1107,6 @@ class RLTrainer:
         for _, path in versions[: -self.config.keep_checkpoints]:
             if path != final:
                 shutil.rmtree(path, ignore_errors=True)
-        self._policy_dir = final
         return final
 
     def load_checkpoint(self, directory: str | Path) -> Path:
