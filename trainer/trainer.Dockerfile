@@ -31,6 +31,6 @@ ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/
     TRITON_CACHE_DIR=/tmp/triton
 USER 10001
 WORKDIR /var/lib/agentgym
-# The operator runs `python -m agentgym.trainer.entrypoint --run /etc/agentgym/spec.yaml ...`, or that module
-# under the `deepspeed` launcher for `backend: deepspeed`.
+# The operator runs `python -m agentgym.trainer.entrypoint --run /etc/agentgym/spec.yaml ...`, or for
+# `backend: deepspeed` that module under the `deepspeed` launcher under `python -m agentgym.trainer.launch`.
 ENTRYPOINT ["python", "-m", "agentgym.trainer.entrypoint"]

@@ -135,10 +135,11 @@ def test_deepspeed_trainer_job_and_checkpoint_claim() -> None:
     built = inputs(load_training_run(ROOT / "examples" / "babyai-paper.yaml"))
     job = by_kind(build_children(built), "Job")["babyai-scalinginter-trainer"]
     main = container(job)
-    assert main["command"][:7] == [
+    assert main["command"][:10] == [
+        "python", "-m", "agentgym.trainer.launch",  # PID 1: hands the pod's SIGTERM to the ranks
         "deepspeed", "--num_gpus", "8", "--master_port", "29500", "--module", "agentgym.trainer.entrypoint"
     ]  # fmt: skip
-    assert main["command"][7:] == [
+    assert main["command"][10:] == [
         "--run", "/etc/agentgym/spec.yaml", "--run-name", "babyai-scalinginter", "--nats-url", "$(AGENTGYM_NATS_URL)"
     ]  # fmt: skip
     assert main["resources"]["limits"]["nvidia.com/gpu"] == "8"

@@ -27,6 +27,7 @@ from agentgym.messaging import EmbeddedNats
 from agentgym.proto import rl_pb2
 from agentgym.trainer.checkpoint import checkpoint_dirs
 from agentgym.trainer.config import RLTrainerConfig
+from agentgym.trainer.deepspeed_backend import launcher_command
 from agentgym.trainer.distributed import DataParallel
 from agentgym.trainer.trainer import RLTrainer
 
@@ -152,10 +153,16 @@ def test_two_ranks_train_like_one_and_resume_exactly(
 
 
 @pytest.mark.slow
-async def test_trainer_process_on_two_ranks_over_nats_stops_on_sigterm(
+async def test_trainer_pod_command_on_two_ranks_over_nats_stops_on_sigterm(
     config_factory: Callable[..., RLTrainerConfig], tmp_path: Path
 ) -> None:
-    """Rank 0 alone talks to NATS, both ranks train, SIGTERM to both ends the run after a checkpoint."""
+    """What a 2-GPU trainer pod runs: agentgym.trainer.launch, the real DeepSpeed launcher, two ranks.
+
+    Rank 0 alone talks to NATS, both ranks train, and SIGTERM to the pod's first process (what
+    Kubernetes sends) ends the run after a checkpoint, with exit status 0.
+    """
+    import psutil
+
     run = "dp-loop"
     config = config_factory(
         run=run,
@@ -180,46 +187,36 @@ async def test_trainer_process_on_two_ranks_over_nats_stops_on_sigterm(
         stop = asyncio.Event()
         seen: list[rl_pb2.RolloutRequest] = []
         worker = asyncio.create_task(fake_rollout_worker(server.url, run, stop, seen))
-        port = _free_port()
-        logs = [(tmp_path / f"rank-{rank}.log").open("wb") for rank in range(2)]
-        ranks = [
-            await asyncio.create_subprocess_exec(
+        launcher = launcher_command(config_path, 2, master_port=_free_port(), extra_args=["--nats-url", server.url])
+        launcher[0] = str(Path(sys.executable).with_name("deepspeed"))  # the venv's, wherever PATH points
+        log_path = tmp_path / "pod.log"
+        with log_path.open("wb") as log:
+            pod = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "agentgym.trainer.entrypoint",
-                "--config",
-                str(config_path),
-                "--nats-url",
-                server.url,
-                f"--local_rank={rank}",
-                env={**_rank_env(rank, 2, port), "AGENTGYM_TELEMETRY_DIR": str(tmp_path / "telemetry")},
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=log,
+                "agentgym.trainer.launch",
+                *launcher,
+                env={**os.environ, "OMP_NUM_THREADS": "1", "AGENTGYM_TELEMETRY_DIR": str(tmp_path / "telemetry")},
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
-            for rank, log in enumerate(logs)
-        ]
         try:
             metrics = config.run_dir / "metrics.jsonl"
             deadline = time.monotonic() + 300
             while len(_rl_steps(metrics)) < 2:
                 assert time.monotonic() < deadline, "two steps not trained within 300 s"
-                assert all(rank.returncode is None for rank in ranks), "a rank exited early"
+                assert pod.returncode is None, "the pod's command exited early"
                 await asyncio.sleep(0.5)
-            for rank in ranks:  # what the DeepSpeed launcher does when the pod is stopped
-                rank.send_signal(signal.SIGTERM)
-            for rank in ranks:
-                await asyncio.wait_for(rank.wait(), 120)
+            pod.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(pod.wait(), 120)
         finally:
             stop.set()
             await worker
-            for rank in ranks:
-                if rank.returncode is None:
-                    rank.kill()
-            for log in logs:
-                log.close()
-    errors = [(tmp_path / f"rank-{rank}.log").read_text() for rank in range(2)]
-    for rank, error in zip(ranks, errors, strict=True):
-        assert rank.returncode == 0, error[-4000:]
+            if pod.returncode is None:
+                for process in [*psutil.Process(pod.pid).children(recursive=True), psutil.Process(pod.pid)]:
+                    process.kill()
+    output = log_path.read_text()
+    assert pod.returncode == 0, output[-4000:]
     steps = _rl_steps(metrics)
     assert steps[:2] == [0, 1] and len(steps) < config.total_steps  # stopped early, by the signal
     # The last step trained is checkpointed, by both ranks: one optimizer partition each.
@@ -230,4 +227,4 @@ async def test_trainer_process_on_two_ranks_over_nats_stops_on_sigterm(
     # Only rank 0 asks for rollouts: one request per task and sample of each step trained or asked for.
     assert {r.step for r in seen} <= set(range(len(steps) + 1))
     assert len({(r.step, r.group_id, r.sample_index) for r in seen}) == len(seen)
-    assert "calls; done" in errors[1]  # rank 1 followed, then left with rank 0
+    assert "rank 1: made" in output and "calls; done" in output  # rank 1 followed, then left with rank 0

@@ -138,9 +138,11 @@ TRAINER_MODULE = "agentgym.trainer.entrypoint"
 
 def trainer(run: str, *, backend: str, gpus: int) -> list[str]:
     """The trainer (`python -m agentgym.trainer.entrypoint`, reading the mounted spec), under the DeepSpeed
-    launcher (one process per GPU of the pod) for `backend: deepspeed`. NATS with credentials comes in
-    through $AGENTGYM_NATS_URL."""
+    launcher (one data-parallel rank per GPU of the pod) for `backend: deepspeed`, itself under
+    `agentgym.trainer.launch`, which hands the pod's SIGTERM to the ranks (a checkpointed stop). NATS with
+    credentials comes in through $AGENTGYM_NATS_URL."""
     args = ["--run", SPEC_PATH, "--run-name", run, "--nats-url", f"$({NATS_URL_ENV})"]
     if backend == "deepspeed":
-        return ["deepspeed", "--num_gpus", str(gpus), "--master_port", "29500", "--module", TRAINER_MODULE, *args]
+        launcher = ["deepspeed", "--num_gpus", str(gpus), "--master_port", "29500", "--module", TRAINER_MODULE]
+        return ["python", "-m", "agentgym.trainer.launch", *launcher, *args]
     return ["python", "-m", TRAINER_MODULE, *args]
