@@ -24,12 +24,6 @@ for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_AD
     os.environ.setdefault(key, value)
 torch.set_num_threads(1)
 
-import deepspeed.ops  # noqa: E402
-
-# One rank has nothing to all-reduce with: skip compiling DeepSpeed's shared-memory collective kernel
-# (about a minute on first use); the collectives then go through gloo.
-deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-
 from trainer_helpers import fill_logprobs, synthetic_trajectory  # noqa: E402
 
 from agentgym.proto import rl_pb2  # noqa: E402

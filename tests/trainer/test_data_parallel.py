@@ -79,6 +79,17 @@ def test_shard_is_round_robin_and_padded_to_the_same_length() -> None:
     assert DataParallel(rank=1, world_size=2).shard([]) == []
 
 
+def test_shard_by_size_evens_out_the_work() -> None:
+    rows = ["a", "b", "c", "d", "e"]
+    tokens = [900, 500, 450, 400, 100]
+    shares = [DataParallel(rank=r, world_size=2).shard(rows, tokens) for r in range(2)]
+    # Largest first, each to the lighter rank: a -> 0; b, c -> 1 (950); d -> 0 (1300); e -> 1 (1050).
+    # Rank 0 pads with an idle pass: every rank makes as many passes.
+    assert shares == [["a", "d", None], ["b", "c", "e"]]
+    with pytest.raises(ValueError, match="one size per item"):
+        DataParallel(rank=0, world_size=2).shard(rows, [1])
+
+
 def test_announce_names_only_trainer_calls_and_only_from_rank_0() -> None:
     with pytest.raises(ValueError, match="not a call the followers make"):
         DataParallel(rank=0, world_size=2).announce("close")

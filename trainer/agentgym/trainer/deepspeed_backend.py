@@ -33,7 +33,13 @@ from torch import Tensor, nn
 from agentgym.trainer.backend import OptimizerSettings
 from agentgym.trainer.config import RLTrainerConfig
 
-__all__ = ["DeepSpeedEngine", "deepspeed_available", "deepspeed_config", "launcher_command"]
+__all__ = [
+    "DeepSpeedEngine",
+    "deepspeed_available",
+    "deepspeed_config",
+    "launcher_command",
+    "skip_cpu_shared_memory_op",
+]
 
 
 def deepspeed_available() -> bool:
@@ -42,6 +48,17 @@ def deepspeed_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def skip_cpu_shared_memory_op() -> None:
+    """On DeepSpeed's CPU accelerator, do not build its shared-memory all-reduce (call before it sets up
+    ``torch.distributed``): it serves only DeepSpeed's inference kernels, and building it compiles C++
+    for about a minute. Training's collectives go through the process group (gloo)."""
+    if torch.cuda.is_available():
+        return
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def deepspeed_config(
@@ -157,6 +174,7 @@ class DeepSpeedEngine:
                 "backend 'deepspeed' needs the deepspeed package (GPU images); use backend 'torch' on CPU"
             ) from error
         self.settings = settings
+        skip_cpu_shared_memory_op()
         self.config_dict = deepspeed_config(
             config, settings, torch_adam=not torch.cuda.is_available(), world_size=world_size
         )

@@ -69,16 +69,30 @@ class DataParallel:
     def enabled(self) -> bool:
         return self.world_size > 1
 
-    def shard(self, items: Sequence[T]) -> list[T | None]:
-        """This rank's share ``items[rank::world]``, padded with None to ``ceil(len / world)`` entries.
+    def shard(self, items: Sequence[T], sizes: Sequence[float] | None = None) -> list[T | None]:
+        """This rank's share of ``items``, padded with None so that every rank gets as many entries.
 
-        Every rank gets the same number of entries; a None asks for a zero-weighted pass (the ranks'
-        collectives must pair up). On one rank: all of ``items``.
+        Without ``sizes``: round-robin, ``items[rank::world]``. With ``sizes`` (e.g. each packed row's
+        tokens): largest first, each to the rank with the least so far, which evens out the ranks'
+        work when rows differ in length. A None asks for an idle pass: the ranks' collectives must
+        pair up. Every rank computes the same split from the same inputs. On one rank: all of ``items``.
         """
         if not self.enabled:
             return list(items)
-        mine: list[T | None] = list(items[self.rank :: self.world_size])
-        return mine + [None] * (math.ceil(len(items) / self.world_size) - len(mine))
+        if sizes is None:
+            mine: list[T | None] = list(items[self.rank :: self.world_size])
+            return mine + [None] * (math.ceil(len(items) / self.world_size) - len(mine))
+        if len(sizes) != len(items):
+            raise ValueError("one size per item")
+        loads = [0.0] * self.world_size
+        owned: list[list[int]] = [[] for _ in range(self.world_size)]
+        for i in sorted(range(len(items)), key=lambda k: (-sizes[k], k)):
+            rank = min(range(self.world_size), key=lambda r: (loads[r], len(owned[r]), r))
+            loads[rank] += sizes[i]
+            owned[rank].append(i)
+        longest = max(len(indices) for indices in owned)
+        share: list[T | None] = [items[i] for i in sorted(owned[self.rank])]
+        return share + [None] * (longest - len(share))
 
     def broadcast(self, value: Any = None) -> Any:
         """Rank 0's ``value`` on every rank (the other ranks' argument is ignored)."""
@@ -167,13 +181,11 @@ def init_data_parallel(local_rank: int | None = None) -> DataParallel:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
-    else:
-        # On DeepSpeed's CPU accelerator its shared-memory all-reduce serves only its inference kernels,
-        # and building it compiles C++ for a minute: training's collectives go through gloo.
-        import deepspeed.ops
-
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     import deepspeed
+
+    from agentgym.trainer.deepspeed_backend import skip_cpu_shared_memory_op
+
+    skip_cpu_shared_memory_op()
 
     deepspeed.init_distributed(verbose=False)
     objects = dist.new_group(backend="gloo", timeout=COMMAND_TIMEOUT)

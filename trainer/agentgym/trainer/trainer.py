@@ -453,6 +453,21 @@ class RLTrainer:
             out[b, : lengths[b]] = v.detach().float().cpu()
         return out
 
+    def _my_rows(self, rows: list[tuple[PackedRow, list[int]]]) -> list[tuple[PackedRow, list[int]] | None]:
+        """This rank's share of ``rows``, balanced by tokens (all of them on one rank); None: an idle pass."""
+        return self.dp.shard(rows, [row.num_tokens for row, _ in rows])
+
+    def _idle_row(self) -> PackedRow:
+        """A two-token row: what a rank short of rows forwards while the others work on theirs."""
+        return pack_sequences([[0, 0]], [1], self.config.micro_batch_tokens)[0]
+
+    def _idle_backward(self, last: bool) -> None:
+        """A zero-weighted forward and backward of :meth:`_idle_row`: every parameter gets a zero gradient, so
+        DeepSpeed's collectives (ZeRO-3's parameter gathers, the gradient reductions) pair up with the other
+        ranks' passes at the cost of two tokens."""
+        out = self._forward(self.policy, self._idle_row(), with_entropy=False)
+        self.engine.backward(torch.stack([lp.sum() for lp in out.logprobs]).sum() * 0.0, last)
+
     def _gathered(self, local: dict[int, Tensor], batch: _Batch) -> Tensor:
         """``[B, T]`` from each rank's ``{batch index: per-token values}`` of its rows."""
         result: list[Tensor] = [torch.zeros(0)] * batch.size
@@ -470,10 +485,10 @@ class RLTrainer:
         was_training = model.training
         model.eval()
         try:
-            for entry in self.dp.shard(rows):
+            for entry in self._my_rows(rows):
                 if entry is None:
                     if model is self.policy:  # ZeRO-3 gathers the policy's parameters in every rank's forward
-                        self._forward(model, rows[0][0], with_entropy=False)
+                        self._forward(model, self._idle_row(), with_entropy=False)
                     continue
                 row, idx = entry
                 out = self._forward(model, row, with_entropy=False)
@@ -486,7 +501,7 @@ class RLTrainer:
     def _values_of(self, batch: _Batch) -> Tensor:
         assert self.critic is not None
         local: dict[int, Tensor] = {}
-        for entry in self.dp.shard(self._pack(batch, list(range(batch.size)))):
+        for entry in self._my_rows(self._pack(batch, list(range(batch.size)))):
             if entry is not None:  # the critic is a plain module: no collective to pair up
                 row, idx = entry
                 local.update(zip(idx, self.critic.values(row, self.autocast_dtype), strict=True))
@@ -669,11 +684,13 @@ class RLTrainer:
                 mb_tokens = float(mask[members].sum())
                 mb_seqs = float((mask[members].sum(dim=1) > 0).sum())
                 measure = epoch == 0 and start == 0 and not c.recompute_old_logprobs
-                mine = self.dp.shard(rows)
+                mine = self._my_rows(rows)
                 for r, entry in enumerate(mine):
                     last = r == len(mine) - 1
-                    # None: this rank has fewer rows than others; a zero-weighted pass keeps collectives paired
-                    row, idx = entry if entry is not None else rows[0]
+                    if entry is None:  # this rank has fewer rows than another
+                        self._idle_backward(last)
+                        continue
+                    row, idx = entry
                     fwd = self._forward(self.policy, row, with_entropy=True)
                     width = max(batch.lengths[b] for b in idx)
                     lp = pad_sequence(fwd.logprobs, batch_first=True)[:, :width]
@@ -702,13 +719,9 @@ class RLTrainer:
                         kl = kl_loss(lp, ref[idx, :width].to(lp.device), m, c.kl_type, c.loss_aggregation)
                         if c.kl_as == "loss":
                             loss = loss + c.kl_coef * kl
-                        if entry is not None:
-                            add("kl", float(kl.detach()), row_tokens)
+                        add("kl", float(kl.detach()), row_tokens)
                     # DeepSpeed averages the ranks' gradients: x world makes it their sum, the full mini-batch's
-                    scale = weight * self.dp.world_size if entry is not None else 0.0
-                    self.engine.backward(loss * scale, last)
-                    if entry is None:
-                        continue
+                    self.engine.backward(loss * (weight * self.dp.world_size), last)
                     tokens_processed += row.num_tokens
                     if measure:
                         first_diff.append(((lp.detach().cpu() - sampled[idx, :width]).abs() * m.cpu()).flatten())
@@ -720,7 +733,7 @@ class RLTrainer:
                 grad_norms.append(self.engine.step())
                 if self.critic is not None and self.critic_engine is not None:
                     assert returns is not None and old_values is not None
-                    mine = self.dp.shard(rows)
+                    mine = self._my_rows(rows)
                     for r, entry in enumerate(mine):
                         if entry is None:  # the critic trains outside DeepSpeed: its gradients are summed below
                             continue
@@ -811,18 +824,20 @@ class RLTrainer:
             rows = self._pack(batch, list(range(batch.size)))
             started = time.perf_counter()
             tokens = 0
-            mine = self.dp.shard(rows)
+            mine = self._my_rows(rows)
             for r, entry in enumerate(mine):
-                row, idx = entry if entry is not None else rows[0]  # None: a zero-weighted pass (see _update)
+                if entry is None:  # this rank has fewer rows than another (see _update)
+                    self._idle_backward(r == len(mine) - 1)
+                    continue
+                row, idx = entry
                 out = self._forward(self.policy, row, with_entropy=False)
                 width = max(batch.lengths[b] for b in idx)
                 lp = pad_sequence(out.logprobs, batch_first=True)[:, :width]
                 m = batch.mask[idx, :width].to(lp.device)
                 nll = -(lp * m).sum() / max(total, 1.0)
-                self.engine.backward(nll * (self.dp.world_size if entry is not None else 0.0), r == len(mine) - 1)
-                if entry is not None:
-                    loss_sum += float(nll.detach())
-                    tokens += row.num_tokens
+                self.engine.backward(nll * self.dp.world_size, r == len(mine) - 1)  # a sum over the ranks, see _update
+                loss_sum += float(nll.detach())
+                tokens += row.num_tokens
             grad_norm = self.engine.step()
             elapsed = time.perf_counter() - started
             if self.dp.enabled:
