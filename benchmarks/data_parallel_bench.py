@@ -86,14 +86,18 @@ def synthetic_batch(args: argparse.Namespace, step: int, vocab: int) -> list[rl_
 
 def optimizer_state_bytes(trainer: Any) -> int:
     """Bytes of the optimizer state this rank holds: its fp32 master weights and AdamW moments."""
-    inner = getattr(trainer.engine.optimizer, "optimizer", trainer.engine.optimizer)
+    zero = trainer.engine.optimizer
+    inner = getattr(zero, "optimizer", zero)
+    # ZeRO-3 hands its flat fp32 partitions to the inner AdamW only during a step; ZeRO-1/2 keep them there.
+    masters = getattr(zero, "fp32_partitioned_groups_flat", None) or [
+        p for group in inner.param_groups for p in group["params"]
+    ]
     total = 0
-    for group in inner.param_groups:
-        for p in group["params"]:
-            total += p.numel() * p.element_size()
-            for value in inner.state.get(p, {}).values():
-                if torch.is_tensor(value):
-                    total += value.numel() * value.element_size()
+    for master in masters:
+        total += master.numel() * master.element_size()
+        for value in inner.state.get(master, {}).values():
+            if torch.is_tensor(value):
+                total += value.numel() * value.element_size()
     return total
 
 
