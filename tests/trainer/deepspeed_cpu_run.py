@@ -1,6 +1,6 @@
 """Child process of test_deepspeed_engine: the trainer on DeepSpeed's CPU accelerator, one rank.
 
-Run as ``python deepspeed_cpu_run.py <zero stage> <work dir> <tiny model dir>``. A process of its own
+Run as ``python deepspeed_cpu_run.py <zero stage> <work dir> <tiny model dir> [fp32|bf16]``. A process of its own
 because DeepSpeed sets up ``torch.distributed`` (gloo) and its own globals, which must not leak into
 the pytest process. Trains the same two GRPO steps three ways (plain torch; DeepSpeed straight;
 DeepSpeed 1 step + checkpoint + a fresh engine resuming + 1 step) and prints one JSON line with how
@@ -59,7 +59,9 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
-def main(stage: int, work: Path, model: str) -> dict[str, Any]:
+def main(stage: int, work: Path, model: str, precision: str = "fp32") -> dict[str, Any]:
+    bf16 = precision == "bf16"  # DeepSpeed's bf16 (bf16 weights, fp32 master copy) and gradient checkpointing
+
     def config(name: str, backend: Literal["torch", "deepspeed"]) -> RLTrainerConfig:
         return RLTrainerConfig(
             model=model,
@@ -78,18 +80,19 @@ def main(stage: int, work: Path, model: str) -> dict[str, Any]:
             backend=backend,
             zero_stage=stage,
             gpus=1,
-            bf16=False,
+            bf16=bf16 and backend == "deepspeed",
+            gradient_checkpointing=bf16 and backend == "deepspeed",
         )
 
     torch.manual_seed(0)
     plain = RLTrainer(config("plain", "torch"))
     start = weights(plain)
-    for step in range(2):
-        plain.train_step(batch(plain, step))
+    plain_grad_norms = [plain.train_step(batch(plain, step)).train["grad_norm"] for step in range(2)]
 
     torch.manual_seed(0)
     straight = RLTrainer(config("straight", "deepspeed"))
     engine = type(straight.engine).__name__
+    dtype = str(next(straight.policy.parameters()).dtype)
     optimizer = type(getattr(straight.engine.optimizer, "optimizer", straight.engine.optimizer)).__name__
     start_diff = max_diff(start, weights(straight))
     grad_norms = []
@@ -108,7 +111,7 @@ def main(stage: int, work: Path, model: str) -> dict[str, Any]:
 
     from transformers import AutoModelForCausalLM
 
-    exported = AutoModelForCausalLM.from_pretrained(saved)
+    exported = AutoModelForCausalLM.from_pretrained(saved, dtype="auto")  # as saved
     return {
         "engine": engine,
         "optimizer": optimizer,
@@ -117,6 +120,9 @@ def main(stage: int, work: Path, model: str) -> dict[str, Any]:
         "deepspeed_vs_torch": max_diff(weights(plain), weights(straight)),
         "resumed_vs_straight": max_diff(weights(straight), weights(second)),
         "grad_norms": grad_norms,
+        "plain_grad_norms": plain_grad_norms,
+        "dtype": dtype,
+        "exported_dtype": str(next(exported.parameters()).dtype),
         "resumed_from": str(resumed_from),
         "saved": str(saved),
         "checkpoint_files": sorted(p.name for p in saved.iterdir()),
@@ -126,4 +132,4 @@ def main(stage: int, work: Path, model: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])))
+    print(json.dumps(main(int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], *sys.argv[4:5])))

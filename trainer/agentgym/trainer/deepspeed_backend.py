@@ -16,9 +16,9 @@ install (the dev install pins it next to the CPU torch, which it then leaves alo
 Several GPUs train data-parallel, one rank each (``agentgym.trainer.distributed``: rank 0 collects
 and announces each call, each rank trains on its share of the packed rows).
 
-The tests train with this engine on DeepSpeed's CPU accelerator (gloo, fp32), on one rank and on two:
-ZeRO-2 and ZeRO-3 give the torch backend's update and resume exactly from their checkpoints. CUDA,
-NCCL and bf16 are NOT exercised there (no GPU).
+The tests train with this engine on DeepSpeed's CPU accelerator (gloo), on one rank and on two:
+ZeRO-2 and ZeRO-3 in fp32 give the torch backend's update, bf16 with activation checkpointing trains,
+and each resumes exactly from its checkpoints. CUDA, NCCL and FusedAdam are NOT exercised there.
 """
 
 from __future__ import annotations

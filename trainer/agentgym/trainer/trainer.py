@@ -320,6 +320,9 @@ class RLTrainer:
         if not self.config.bf16 or self.param_dtype != torch.float32:
             return None
         if self.device.type == "cpu" and not cpu_has_bf16_units():
+            if self.config.backend == "deepspeed":  # DeepSpeed's bf16 keeps bf16 weights: no autocast to skip
+                log.warning("bf16 is set: DeepSpeed trains bf16 weights, which this CPU (no bf16 units) emulates")
+                return None
             log.warning(
                 "bf16 is set, but this CPU has no bf16 units (AVX512-BF16 or AMX): emulated bf16 would make the"
                 " update several times slower (benchmarks/cpu_bf16_bench.py), so it computes in float32"
