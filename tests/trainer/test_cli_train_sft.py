@@ -70,3 +70,20 @@ def test_train_command_needs_nats(tmp_path: Path, tiny_model: Path, monkeypatch:
     bad = tmp_path / "bad.yaml"
     bad.write_text("apiVersion: agentgym.io/v1alpha1\nkind: TrainingRun\nmetadata: {name: x}\nspec: {}\n")
     assert CliRunner().invoke(app, ["train", str(bad)]).exit_code == 2
+
+
+def test_train_command_starts_one_rank_per_gpu_under_the_launcher(
+    tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agentgym.trainer.launch as launch
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    started: list[list[str]] = []
+    monkeypatch.setattr(launch, "main", lambda argv: started.append(argv) or 0)
+    spec = _spec(tmp_path, tiny_model, backend="deepspeed", gpus=2)
+    result = CliRunner().invoke(app, ["train", str(spec), "--nats-url", "nats://127.0.0.1:4222"])
+    assert result.exit_code == 0, result.output
+    [argv] = started
+    assert Path(argv[0]).name == "deepspeed" and argv[1:3] == ["--num_gpus", "2"]
+    assert argv[argv.index("--module") + 1] == "agentgym.trainer.entrypoint"
+    assert argv[-4:] == ["--log-level", "info", "--nats-url", "nats://127.0.0.1:4222"]

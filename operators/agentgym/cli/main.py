@@ -610,7 +610,7 @@ def train_command(
     from agentgym.trainer.entrypoint import main as trainer_main
 
     try:
-        load_training_run(spec)
+        run = load_training_run(spec)
     except SpecError as error:
         raise _fail(str(error)) from None
     argv = ["--run", str(spec), "--log-level", log_level]
@@ -620,6 +620,14 @@ def train_command(
         argv += ["--output-dir", str(output_dir)]
     if run_name:
         argv += ["--run-name", run_name]
+    trainer = run.spec.trainer
+    if trainer.backend == "deepspeed" and trainer.gpus > 1 and "WORLD_SIZE" not in os.environ:
+        # One data-parallel rank per GPU, under the DeepSpeed launcher (signals handed to the ranks)
+        from agentgym.messaging import free_port
+        from agentgym.trainer.launch import deepspeed_launcher
+        from agentgym.trainer.launch import main as launch_main
+
+        raise typer.Exit(launch_main(deepspeed_launcher(trainer.gpus, argv, master_port=free_port())))
     raise typer.Exit(trainer_main(argv))
 
 

@@ -310,23 +310,27 @@ class LocalRunner:
             for name, url in self.urls.items():
                 argv += ["--env-url", f"{name}={url}"]
             await self.supervisor.start(ProcessSpec(f"rollout-{index}", argv, env=telemetry_env))
+        from agentgym.trainer.launch import local_trainer_command
+
         trainer = ProcessSpec(
             "trainer",
-            [
-                PYTHON,
-                "-m",
-                "agentgym.trainer.entrypoint",
-                "--run",
-                str(self.spec_path),
-                "--nats-url",
-                self.nats.url,
-                "--output-dir",
-                str(self.run_dir),
-                "--run-name",
-                self.name,
-                "--log-level",
-                "info",
-            ],
+            local_trainer_command(
+                self.spec.trainer.backend,
+                self.spec.trainer.gpus,
+                [
+                    "--run",
+                    str(self.spec_path),
+                    "--nats-url",
+                    self.nats.url,
+                    "--output-dir",
+                    str(self.run_dir),
+                    "--run-name",
+                    self.name,
+                    "--log-level",
+                    "info",
+                ],
+                master_port=free_port(),
+            ),
             done_on_success=True,
             max_restarts=3,
             env=telemetry_env,

@@ -18,13 +18,30 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from types import FrameType
 
-__all__ = ["main", "trainer_ranks"]
+__all__ = ["deepspeed_launcher", "local_trainer_command", "main", "trainer_ranks"]
 
 log = logging.getLogger(__name__)
 
 TRAINER_MODULE = "agentgym.trainer.entrypoint"
+
+
+def local_trainer_command(backend: str, gpus: int, trainer_args: list[str], *, master_port: int) -> list[str]:
+    """The trainer on this machine: ``python -m agentgym.trainer.entrypoint <args>``, or for DeepSpeed on
+    several GPUs that module under the DeepSpeed launcher under this supervisor (this interpreter's
+    environment: the launcher starts the ranks with it)."""
+    if backend != "deepspeed" or gpus <= 1:
+        return [sys.executable, "-m", TRAINER_MODULE, *trainer_args]
+    return [sys.executable, "-m", __name__, *deepspeed_launcher(gpus, trainer_args, master_port=master_port)]
+
+
+def deepspeed_launcher(gpus: int, trainer_args: list[str], *, master_port: int) -> list[str]:
+    """This environment's ``deepspeed`` launcher running the trainer module on ``gpus`` local GPUs."""
+    deepspeed = str(Path(sys.executable).with_name("deepspeed"))
+    launcher = [deepspeed, "--num_gpus", str(gpus), "--master_port", str(master_port), "--module", TRAINER_MODULE]
+    return [*launcher, *trainer_args]
 
 
 def trainer_ranks(root_pid: int) -> list[int]:
