@@ -441,3 +441,52 @@ def test_negative_scale_applies_to_the_outcome_part_not_the_turn_validity_credit
             validity = -1.5 if (row, k) == (0, 0) else 0.5
             expected[row, turn.action_start : turn.action_end] = (-0.5 * outcome if row == 0 else outcome) + validity
     torch.testing.assert_close(advantages, expected, atol=1e-4, rtol=0)
+
+
+def test_rft_trains_on_the_successes_only(
+    config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]]
+) -> None:
+    """algorithm rft: one step is exactly the cross-entropy step on the successful trajectories' tokens."""
+    config = config_factory(algorithm="rft", group_size=3, mini_batch_size=16, learning_rate=1e-3)
+    batch = make_batch(4, 0, groups=2, group_size=3)
+    for k, t in enumerate(batch):
+        t.success, t.final_score = k % 2 == 0, float(k % 2 == 0)
+    batch[2].termination = rl_pb2.TERMINATION_ERROR  # a success of a crashed episode: not learned from
+    rft = RLTrainer(config)
+    assert rft.reference is None  # klCoef's default does not build a reference rft never uses
+    metrics = rft.train_step(batch)
+    assert metrics.train["rft_examples"] == 2 and metrics.train["optimizer_steps"] == 1
+
+    by_hand = RLTrainer(config_factory(algorithm="rft", group_size=3, learning_rate=1e-3, output_dir=config.run_dir))
+    examples = RLTrainer.rejection_sampling_examples([batch[0], batch[4]])
+    expected = by_hand.sft_step(examples, learning_rate=1e-3)
+    assert metrics.train["sft_loss"] == pytest.approx(expected["sft_loss"])
+    after, reference = _params(rft), _params(by_hand)
+    assert all(torch.equal(after[k], reference[k]) for k in after)
+
+    nothing = make_batch(5, 1, groups=1, group_size=3, success=False)
+    assert rft.train_step(nothing).train["rft_examples"] == 0  # no success: no update
+
+
+def test_dpo_pairs_each_groups_best_with_its_worst(
+    config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]]
+) -> None:
+    """algorithm dpo: one step is exactly dpo_step on the groups' (best, worst) pairs, anchored to the start."""
+    config = config_factory(algorithm="dpo", kl_coef=0.0, group_size=3, mini_batch_size=16, dpo_beta=0.2)
+    batch = make_batch(6, 0, groups=3, group_size=3)
+    for k, t in enumerate(batch):  # groups 0 and 1 mixed; group 2 all failed: no preference to learn
+        t.success = k in (0, 4)
+        t.final_score = float(t.success)
+    dpo = RLTrainer(config)
+    assert dpo.reference is not None  # DPO's anchor even with klCoef 0
+    metrics = dpo.train_step(batch)
+    assert metrics.train["dpo_pairs"] == 2 and metrics.train["optimizer_steps"] == 1
+    assert metrics.train["dpo_loss"] == pytest.approx(math.log(2), abs=1e-6)  # policy == reference at the start
+
+    by_hand = RLTrainer(config_factory(algorithm="dpo", kl_coef=0.0, group_size=3, output_dir=config.run_dir / "x"))
+    pairs = RLTrainer.dpo_pairs(batch)
+    chosen = [list(batch[0].response_token_ids), list(batch[4].response_token_ids)]
+    assert [p.chosen.response_ids for p in pairs] == chosen
+    by_hand.dpo_step(pairs, beta=0.2)
+    after, reference = _params(dpo), _params(by_hand)
+    assert all(torch.equal(after[k], reference[k]) for k in after)

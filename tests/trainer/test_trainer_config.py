@@ -114,6 +114,31 @@ def test_validation() -> None:
         RLTrainerConfig(algorithm="grpo", negative_advantage_scale=1.5)
     with pytest.raises(ValueError, match="outcome"):
         RLTrainerConfig(outcome_reward="bogus")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="group_size must be >= 2 for dpo"):
+        RLTrainerConfig(algorithm="dpo", group_size=1)  # a pair needs two samples of a task
+    with pytest.raises(ValueError, match="dpo_beta must be > 0"):
+        RLTrainerConfig(algorithm="dpo", dpo_beta=0.0)
+    RLTrainerConfig(algorithm="rft", group_size=1)
+    # The reference: the KL term's (not rft's, whatever klCoef says) and DPO's anchor (whatever klCoef says)
+    assert not RLTrainerConfig(algorithm="rft", kl_coef=0.1).uses_reference
+    assert RLTrainerConfig(algorithm="dpo", kl_coef=0.0).uses_reference
+    assert RLTrainerConfig(algorithm="grpo", kl_coef=0.1).uses_reference
+    assert not RLTrainerConfig(algorithm="grpo", kl_coef=0.0).uses_reference
+
+
+def test_rft_and_dpo_from_spec() -> None:
+    from agentgym.spec import SpecError, parse_training_run
+
+    def spec(algorithm: dict[str, object]) -> dict[str, object]:
+        body = {"model": {"name": "builtin:tiny"}, "environments": [{"name": "babyai"}], "algorithm": algorithm}
+        return {"metadata": {"name": "aux"}, "spec": body}
+
+    dpo = RLTrainerConfig.from_spec(parse_training_run(spec({"name": "dpo", "dpoBeta": 0.3})).spec, run="aux")
+    assert (dpo.algorithm, dpo.dpo_beta) == ("dpo", 0.3)
+    rft = RLTrainerConfig.from_spec(parse_training_run(spec({"name": "rft", "groupSize": 1})).spec, run="aux")
+    assert rft.algorithm == "rft"
+    with pytest.raises(SpecError, match="groupSize must be >= 2 for dpo"):
+        parse_training_run(spec({"name": "dpo", "groupSize": 1}))
 
 
 def test_entrypoint_reads_a_run_file_or_a_json_config(tmp_path: Path) -> None:

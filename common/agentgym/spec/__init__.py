@@ -96,8 +96,10 @@ class EnvironmentSpec(SpecModel):
 
 
 class AlgorithmSpec(SpecModel):
-    name: Literal["grpo", "ppo", "rloo", "reinforce_plus_plus"] = "grpo"
-    """Advantage estimator."""
+    name: Literal["grpo", "ppo", "rloo", "reinforce_plus_plus", "rft", "dpo"] = "grpo"
+    """Advantage estimator, or an update without one: ``rft`` (rejection-sampling fine-tuning, as AgentGym's
+    AgentEvol: cross-entropy on the step's successful trajectories) or ``dpo`` (DPO on each group's best
+    against its worst trajectory, anchored to the starting policy)."""
     group_size: int = Field(default=8, ge=1)
     """Samples per task (GRPO/RLOO groups)."""
     learning_rate: float = Field(default=1e-6, gt=0)
@@ -146,6 +148,8 @@ class AlgorithmSpec(SpecModel):
     """GRPO/RLOO: leave out of the update the groups whose samples all got the same outcome (all
     succeeded or all failed: no outcome advantage, DAPO's dynamic sampling); their shaping credit goes
     with them. Raise rollout.tasksPerStep to make up for them."""
+    dpo_beta: float = Field(default=0.1, gt=0)
+    """DPO only: how far the policy may move from the reference for a given preference margin."""
     critic_learning_rate: float = Field(default=1e-5, gt=0)
     """PPO only: value model learning rate."""
     value_clip: float = Field(default=0.5, gt=0)
@@ -153,7 +157,7 @@ class AlgorithmSpec(SpecModel):
 
     @model_validator(mode="after")
     def _groups_need_samples(self) -> AlgorithmSpec:
-        if self.name in ("grpo", "rloo") and self.group_size < 2:
+        if self.name in ("grpo", "rloo", "dpo") and self.group_size < 2:
             raise ValueError(f"groupSize must be >= 2 for {self.name} (it compares samples of one task)")
         if self.turn_validity_coef and self.name not in ("grpo", "rloo"):
             raise ValueError(

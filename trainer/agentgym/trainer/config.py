@@ -19,7 +19,7 @@ from agentgym.trainer.rewards import OutcomeReward, RewardConfig
 
 __all__ = ["EnvironmentConfig", "RLTrainerConfig", "checkpoint_root_from_uri"]
 
-Algorithm = Literal["grpo", "ppo", "rloo", "reinforce_plus_plus"]
+Algorithm = Literal["grpo", "ppo", "rloo", "reinforce_plus_plus", "rft", "dpo"]
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,9 @@ class RLTrainerConfig:
     dual_clip: float | None = None
     """Dual-clip constant (> 1) for negative advantages; None disables."""
     kl_coef: float = 0.001
-    """KL to the reference (initial) policy; 0 disables the reference model."""
+    """KL to the reference (initial) policy; 0 disables the reference model (rft: unused; dpo: ``dpo_beta``)."""
+    dpo_beta: float = 0.1
+    """``dpo``: the DPO temperature (how far the policy may move from the reference for a preference margin)."""
     kl_type: Literal["k1", "k2", "k3"] = "k3"
     kl_as: Literal["loss", "reward"] = "loss"
     """``reward`` (PPO / REINFORCE++ only): subtract ``kl_coef * kl`` from the token rewards."""
@@ -188,9 +190,11 @@ class RLTrainerConfig:
 
     def __post_init__(self) -> None:
         self.output_dir = Path(self.output_dir)
-        if self.algorithm not in ("grpo", "ppo", "rloo", "reinforce_plus_plus"):
+        if self.algorithm not in ("grpo", "ppo", "rloo", "reinforce_plus_plus", "rft", "dpo"):
             raise ValueError(f"unknown algorithm {self.algorithm!r}")
-        if self.algorithm in ("grpo", "rloo") and self.group_size < 2:
+        if self.dpo_beta <= 0:
+            raise ValueError(f"dpo_beta must be > 0, got {self.dpo_beta}")
+        if self.algorithm in ("grpo", "rloo", "dpo") and self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 for {self.algorithm}")
         if self.kl_as == "reward" and self.algorithm in ("grpo", "rloo"):
             raise ValueError("kl_as='reward' needs a token-level estimator (ppo, reinforce_plus_plus)")
@@ -254,6 +258,11 @@ class RLTrainerConfig:
     def weights_dir(self) -> Path:
         """Weights-only exports for steps that are not checkpointed (``checkpoint_every`` > 1)."""
         return self.run_dir / "weights"
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether the update needs a frozen reference policy: the policy-gradient KL term, or DPO's anchor."""
+        return self.algorithm == "dpo" or (self.kl_coef > 0 and self.algorithm != "rft")
 
     def reward_config(self) -> RewardConfig:
         return RewardConfig(self.outcome_reward, self.turn_reward_coef, self.score_scales, self.invalid_action_penalty)
@@ -330,6 +339,7 @@ class RLTrainerConfig:
             "clip_low": algo.clip_low,
             "clip_high": algo.clip_high,
             "kl_coef": algo.kl_coef,
+            "dpo_beta": algo.dpo_beta,
             "kl_type": algo.kl_type,
             "kl_as": algo.kl_as,
             "entropy_coef": algo.entropy_coef,

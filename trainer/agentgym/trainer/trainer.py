@@ -269,7 +269,7 @@ class RLTrainer:
         self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer()
         self.reference: nn.Module | None = None
         self.reference_dir: Path | None = None  # set once the SFT warm-up's policy is the reference
-        if config.kl_coef > 0:
+        if config.uses_reference:
             self.reference = self._frozen_copy(self.policy)
         self.critic: ValueModel | None = None
         self.critic_engine: TorchEngine | None = None
@@ -566,7 +566,11 @@ class RLTrainer:
             **(extra_counts or {}),
         }
         train: dict[str, float] = {}
-        if used:
+        if used and c.algorithm == "rft":
+            train = self._rft_update(used, step)
+        elif used and c.algorithm == "dpo":
+            train = self._dpo_update(used, step)
+        elif used:
             train = self._update(self._batch(used), step)
         else:
             log.warning("step %d: no trajectory to train on (%d received)", step, len(trajectories))
@@ -794,6 +798,51 @@ class RLTrainer:
         sampled_adv = advantages[mask != 0]
         out["advantage_mean"] = float(sampled_adv.mean()) if sampled_adv.numel() else 0.0
         out["advantage_std"] = float(sampled_adv.std()) if sampled_adv.numel() > 1 else 0.0
+        return out
+
+    def _chunks(self, count: int, size: int, step: int, kind: str) -> list[list[int]]:
+        """``epochs`` seeded shuffles of ``range(count)``, each cut into chunks of ``size``: one optimiser step each."""
+        generator = torch.Generator().manual_seed(_seed_for(self.config.seed, kind, step))
+        chunks = []
+        for _ in range(self.config.epochs):
+            order = torch.randperm(count, generator=generator).tolist()
+            chunks += [order[start : start + size] for start in range(0, count, size)]
+        return chunks
+
+    def _rft_update(self, trajectories: Sequence[rl_pb2.Trajectory], step: int) -> dict[str, float]:
+        """Rejection-sampling fine-tuning (``algorithm: rft``): token-mean cross-entropy on the sampled tokens of
+        the successful trajectories, ``mini_batch_size`` of them per optimiser step, at ``learning_rate``.
+
+        ``L = -(1 / |T|) sum_{t in T} log pi(a_t | s_t)`` over T, the action tokens of the successes.
+        """
+        examples = self.rejection_sampling_examples(trajectories)
+        out: dict[str, float] = {"rft_examples": float(len(examples)), "optimizer_steps": 0.0}
+        if not examples:
+            return out
+        history = [
+            self.sft_step([examples[i] for i in chunk], learning_rate=self.config.learning_rate)
+            for chunk in self._chunks(len(examples), self.config.mini_batch_size, step, "rft")
+        ]
+        out["optimizer_steps"] = float(len(history))
+        out["sft_loss"] = sum(h["sft_loss"] for h in history) / len(history)
+        out["grad_norm"] = sum(h["grad_norm"] for h in history) / len(history)
+        out["tokens"] = sum(h["tokens"] for h in history)
+        return out
+
+    def _dpo_update(self, trajectories: Sequence[rl_pb2.Trajectory], step: int) -> dict[str, float]:
+        """Online DPO (``algorithm: dpo``): each group's best trajectory against its worst (:meth:`dpo_pairs`),
+        ``mini_batch_size / 2`` pairs per optimiser step; the loss is in :func:`agentgym.trainer.losses.dpo_loss`."""
+        pairs = self.dpo_pairs(trajectories)
+        out: dict[str, float] = {"dpo_pairs": float(len(pairs)), "optimizer_steps": 0.0}
+        if not pairs:
+            return out
+        history = [
+            self.dpo_step([pairs[i] for i in chunk], beta=self.config.dpo_beta)
+            for chunk in self._chunks(len(pairs), max(1, self.config.mini_batch_size // 2), step, "dpo")
+        ]
+        out["optimizer_steps"] = float(len(history))
+        for name in ("dpo_loss", "reward_margin", "reward_accuracy", "grad_norm"):
+            out[name] = sum(h[name] for h in history) / len(history)
         return out
 
     # ------------------------------------------------------------------------------------------
@@ -1161,7 +1210,7 @@ class RLTrainer:
         self.policy_version = int(state["policy_version"])
         self.sft_done = bool(state.get("sft_done", False))
         reference_dir = state.get("reference_dir")
-        if reference_dir and self.config.kl_coef > 0:
+        if reference_dir and self.config.uses_reference:
             if not (Path(reference_dir) / "config.json").is_file():
                 raise ValueError(f"{path} names the KL reference {reference_dir}, which is missing")
             self.reference = self._frozen_copy(self._load_lm(Path(reference_dir)).to(self.device))
