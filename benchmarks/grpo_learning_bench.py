@@ -277,21 +277,23 @@ async def main(args: argparse.Namespace) -> int:
         print(f"error: --validation-tasks: {error}", file=sys.stderr)
         return 2
     work = scratch_dir("grpo-learning-")  # the engine's weights, several hundred MB
+    group_estimator = args.algorithm in ("grpo", "rloo")  # the turn- and step-level credit is theirs alone
     config = RLTrainerConfig(
         model=str(warm_start) if reuse_warm_start else "builtin:tiny",
         output_dir=work,
-        algorithm="grpo",
+        algorithm=args.algorithm,
         group_size=args.group,
         learning_rate=args.lr,
         kl_coef=args.kl,
+        dpo_beta=args.dpo_beta,
         mini_batch_size=args.mini_batch,
         mini_batches_by_group=args.mini_batches_by_group,
-        drop_uniform_groups=args.drop_uniform_groups,
+        drop_uniform_groups=args.drop_uniform_groups and group_estimator,
         loss_aggregation=args.aggregation,
         invalid_action_penalty=args.invalid_action_penalty,
-        turn_validity_coef=args.turn_validity_coef,
+        turn_validity_coef=args.turn_validity_coef if group_estimator else 0.0,
         turn_validity_needs_success=args.turn_validity_needs_success,
-        step_group_coef=args.step_group_coef,
+        step_group_coef=args.step_group_coef if group_estimator else 0.0,
         step_group_gamma=args.step_group_gamma,
         negative_advantage_scale=args.negative_advantage_scale,
         adam_eps=args.adam_eps,
@@ -308,7 +310,7 @@ async def main(args: argparse.Namespace) -> int:
         otel_metrics=False,
         seed=args.seed,
     )
-    print(f"# GRPO learning check on BabyAI easy, tiny model, {os.cpu_count()} CPUs; work dir {work}")
+    print(f"# {args.algorithm} learning check on BabyAI easy, tiny model, {os.cpu_count()} CPUs; work dir {work}")
     print("settings: " + " ".join(f"{k}={v}" for k, v in sorted(vars(args).items())), flush=True)
     trainer = RLTrainer(config, write_metrics=False)
     print(f"update precision: {'bf16 autocast' if trainer.autocast_dtype else 'float32'}", flush=True)
@@ -428,6 +430,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=False,
         help="demonstrated replies think before the action (a generic thought restating it); default: the action alone",
     )
+    parser.add_argument(
+        "--algorithm",
+        choices=["grpo", "rloo", "rft", "dpo"],
+        default="grpo",
+        help="the update after the warm-up (rft, dpo: no turn- or step-level credit); the target is GRPO's",
+    )
+    parser.add_argument("--dpo-beta", type=float, default=0.1)
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--kl", type=float, default=0.0)
     parser.add_argument("--adam-eps", type=float, default=1e-8)
