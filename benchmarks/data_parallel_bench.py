@@ -25,7 +25,6 @@ import json
 import os
 import random
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,13 +34,8 @@ from typing import Any
 
 import torch
 
+from agentgym.messaging import free_port
 from agentgym.proto import rl_pb2
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def synthetic_batch(args: argparse.Namespace, step: int, vocab: int) -> list[rl_pb2.Trajectory]:
@@ -155,7 +149,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def run_world(args: argparse.Namespace, world: int, work: str) -> list[dict[str, Any]]:
-    port = _free_port()
+    port = free_port()
     argv = [sys.executable, __file__, "--worker", "--work", work, *args.forward]
     ranks = []
     for rank in range(world):

@@ -513,6 +513,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--top-p must be in (0, 1], not {args.top_p}")
     if args.turn_validity_coef < 0:
         parser.error(f"--turn-validity-coef must be >= 0, not {args.turn_validity_coef}")
+    if args.dpo_beta <= 0:
+        parser.error(f"--dpo-beta must be > 0, not {args.dpo_beta}")
     if args.step_group_coef < 0:
         parser.error(f"--step-group-coef must be >= 0, not {args.step_group_coef}")
     if not 0.0 <= args.step_group_gamma <= 1.0:

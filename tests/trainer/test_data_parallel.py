@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 from trainer_helpers import fake_rollout_worker
 
-from agentgym.messaging import EmbeddedNats
+from agentgym.messaging import EmbeddedNats, free_port
 from agentgym.proto import rl_pb2
 from agentgym.trainer.checkpoint import checkpoint_dirs
 from agentgym.trainer.config import RLTrainerConfig
@@ -32,12 +31,6 @@ from agentgym.trainer.distributed import DataParallel
 from agentgym.trainer.trainer import RLTrainer
 
 HERE = Path(__file__).resolve().parent
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _rl_steps(metrics: Path) -> list[int]:
@@ -122,7 +115,7 @@ def test_entrypoint_refuses_several_ranks_with_the_torch_backend(
 def test_two_ranks_train_like_one_and_resume_exactly(
     algorithm: str, stage: int, tiny_model: Path, tmp_path: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     ranks = [
         subprocess.Popen(
             [sys.executable, str(HERE / "data_parallel_run.py"), algorithm, str(stage), str(tmp_path), str(tiny_model)],
@@ -198,7 +191,7 @@ async def test_trainer_pod_command_on_two_ranks_over_nats_stops_on_sigterm(
         stop = asyncio.Event()
         seen: list[rl_pb2.RolloutRequest] = []
         worker = asyncio.create_task(fake_rollout_worker(server.url, run, stop, seen))
-        launcher = launcher_command(config_path, 2, master_port=_free_port(), extra_args=["--nats-url", server.url])
+        launcher = launcher_command(config_path, 2, master_port=free_port(), extra_args=["--nats-url", server.url])
         launcher[0] = str(Path(sys.executable).with_name("deepspeed"))  # the venv's, wherever PATH points
         log_path = tmp_path / "pod.log"
         with log_path.open("wb") as log:

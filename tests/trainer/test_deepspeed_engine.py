@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,19 +19,15 @@ from typing import Any
 
 import pytest
 
+from agentgym.messaging import free_port
+
 HERE = Path(__file__).resolve().parent
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _run(stage: int, tmp_path: Path, tiny_model: Path, precision: str = "fp32") -> dict[str, Any]:
     env = {
         **os.environ,
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(free_port()),
         "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
     }
     done = subprocess.run(

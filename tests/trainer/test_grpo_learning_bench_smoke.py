@@ -116,6 +116,7 @@ def test_learning_bench_refuses_bad_validation_sizes(capsys: pytest.CaptureFixtu
         (["--sft-tasks", "-1"], "--sft-tasks must be >= 1, not -1"),
         (["--sft-batch", "0"], "--sft-batch must be >= 1, not 0"),
         (["--sft-lr", "0"], "--sft-lr must be > 0, not 0.0"),
+        (["--algorithm", "dpo", "--dpo-beta", "0"], "--dpo-beta must be > 0, not 0.0"),
     ):
         with pytest.raises(SystemExit) as exited:
             bench.parse_args(argv)

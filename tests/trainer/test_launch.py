@@ -56,6 +56,8 @@ def test_signals_go_to_the_trainer_ranks_only() -> None:
         launcher.wait()
 
 
-def test_needs_a_command() -> None:
+def test_needs_a_command_that_exists() -> None:
     with pytest.raises(SystemExit, match="usage"):
         main([])
+    with pytest.raises(SystemExit, match=r"/nonexistent/deepspeed: not found; .*pip install deepspeed"):
+        main(["/nonexistent/deepspeed", "--num_gpus", "2"])

@@ -64,7 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         raise SystemExit("usage: python -m agentgym.trainer.launch <launcher command ...>")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    child = subprocess.Popen(command)
+    try:
+        child = subprocess.Popen(command)
+    except FileNotFoundError:
+        raise SystemExit(
+            f"{command[0]}: not found; several GPUs train under the DeepSpeed launcher (pip install deepspeed)"
+        ) from None
 
     def forward(signum: int, frame: FrameType | None) -> None:
         ranks = trainer_ranks(child.pid)
