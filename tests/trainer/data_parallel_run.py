@@ -23,7 +23,7 @@ import torch
 
 torch.set_num_threads(1)
 
-from trainer_helpers import synthetic_trajectory  # noqa: E402
+from trainer_helpers import synthetic_trajectory, update_gap  # noqa: E402
 
 from agentgym.proto import rl_pb2  # noqa: E402
 from agentgym.trainer.config import RLTrainerConfig  # noqa: E402
@@ -139,7 +139,7 @@ def main(algorithm: str, stage: int, work: Path, model: str) -> dict[str, Any] |
     return {
         "rows": rows,
         "moved": max_diff(start, weights(plain)),
-        "dp_vs_torch": max_diff(weights(plain), straight_weights),
+        "dp_vs_torch": update_gap(start, weights(plain), straight_weights),
         "resumed_vs_straight": max_diff(straight_weights, resumed_weights),
         "ranks_agree": agree,
         "resumed_from": str(resumed_results[0]),

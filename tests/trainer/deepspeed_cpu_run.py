@@ -24,7 +24,7 @@ for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_AD
     os.environ.setdefault(key, value)
 torch.set_num_threads(1)
 
-from trainer_helpers import fill_logprobs, synthetic_trajectory  # noqa: E402
+from trainer_helpers import fill_logprobs, synthetic_trajectory, update_gap  # noqa: E402
 
 from agentgym.proto import rl_pb2  # noqa: E402
 from agentgym.trainer.config import RLTrainerConfig  # noqa: E402
@@ -117,7 +117,7 @@ def main(stage: int, work: Path, model: str, precision: str = "fp32") -> dict[st
         "optimizer": optimizer,
         "start_diff": start_diff,
         "moved": max_diff(start, weights(straight)),
-        "deepspeed_vs_torch": max_diff(weights(plain), weights(straight)),
+        "deepspeed_vs_torch": update_gap(start, weights(plain), weights(straight)),
         "resumed_vs_straight": max_diff(weights(straight), weights(second)),
         "grad_norms": grad_norms,
         "plain_grad_norms": plain_grad_norms,

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from trainer_helpers import fake_rollout_worker
+from trainer_helpers import UPDATE_GAP_BOUND, fake_rollout_worker
 
 from agentgym.messaging import EmbeddedNats, free_port
 from agentgym.proto import rl_pb2
@@ -134,9 +134,9 @@ def test_two_ranks_train_like_one_and_resume_exactly(
     assert result["rows"] == [3, 3]  # an odd number of packed rows: rank 1 makes one zero-weighted pass
     assert result["ranks_agree"]  # both ranks hold the same weights after every call
     assert result["moved"] > 1e-3
-    # Two ranks make one rank's update. The gap is float rounding (summation order; DeepSpeed's AdamW and
-    # grad norm against torch's fused ones, amplified by Adam's first steps): 20x below what the steps moved.
-    assert result["dp_vs_torch"] < 2e-4
+    # Two ranks make one rank's update, up to float32 rounding (summation order across ranks, DeepSpeed's
+    # AdamW and grad norm against torch's fused ones) amplified by AdamW: trainer_helpers.update_gap.
+    assert result["dp_vs_torch"] < UPDATE_GAP_BOUND
     for sft_step in result["sft"]:
         loss, plain_loss = sft_step["sft_loss"]
         assert loss == pytest.approx(plain_loss, rel=1e-6)  # each rank's share of the loss, summed

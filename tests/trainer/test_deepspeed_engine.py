@@ -2,8 +2,8 @@
 
 No GPU here, but DeepSpeed runs ZeRO-2 and ZeRO-3 on CPU, so its engine, the trainer's use of it and
 its checkpoints are tested, not only its config: each stage must train the same two GRPO steps as
-the plain torch backend (fp32, same AdamW: equal up to summation order), resume exactly from its own
-checkpoint, and save a plain HF folder. DeepSpeed's bf16 (bf16 weights, fp32 master weights) with
+the plain torch backend (fp32, same AdamW: equal up to rounding, `trainer_helpers.update_gap`), resume
+exactly from its own checkpoint, and save a plain HF folder. DeepSpeed's bf16 (bf16 weights, fp32 master weights) with
 activation checkpointing trains too, close to the fp32 gradients, and resumes exactly. Several ranks:
 test_data_parallel. Untested here: CUDA.
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from trainer_helpers import UPDATE_GAP_BOUND
 
 from agentgym.messaging import free_port
 
@@ -50,7 +51,8 @@ def test_zero_stage_trains_like_torch_and_resumes_exactly(stage: int, tiny_model
     assert (result["engine"], result["optimizer"]) == ("DeepSpeedEngine", "AdamW")
     assert result["start_diff"] == 0.0  # DeepSpeed took the policy's weights as they were
     assert result["moved"] > 1e-3  # the two steps did change them ...
-    assert result["deepspeed_vs_torch"] < 1e-5  # ... as the torch backend does
+    # ... as the torch backend does, up to float32 rounding amplified by AdamW (trainer_helpers.update_gap)
+    assert result["deepspeed_vs_torch"] < UPDATE_GAP_BOUND
     assert all(norm > 0 for norm in result["grad_norms"])
     assert result["resumed_vs_straight"] == 0.0  # 1 step + checkpoint + resume + 1 step == 2 steps
     assert result["resumed_from"] == result["saved"]

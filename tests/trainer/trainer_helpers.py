@@ -17,6 +17,32 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from agentgym.messaging import RunChannels, decode_message, ensure_run_streams, publish_message
 from agentgym.proto import rl_pb2
 
+UPDATE_GAP_BOUND = 1e-4
+"""The largest ``update_gap`` between two float32 implementations of the same AdamW steps (see there)."""
+
+
+def update_gap(start: dict[str, torch.Tensor], a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """How far apart two trainings of the same steps from ``start`` end: ``||a - b||_2 / ||a - start||_2``
+    over all weights (sums in float64).
+
+    Why a relative L2 gap and not the largest element gap: two float32 paths of the same update (another
+    summation order in a matmul, DeepSpeed's ZeRO-3 linear, a fused AdamW kernel, AVX2 against AVX512
+    kernels) differ in the gradients by rounding, ~1e-7 to 1e-6 of each element. AdamW divides by
+    ``sqrt(v) + eps``: where an element's moments nearly cancel (a gradient near eps, or a second step's
+    gradient against the first's momentum), that rounding is amplified without bound, up to the element's
+    whole step (lr). With millions of weights a few such elements always exist, so the largest gap is
+    luck: 2.6e-6 on AVX2 and 1.9e-5 under ``ATEN_CPU_CAPABILITY=default`` for the same ZeRO-3 run, 3.6e-5
+    on an AVX512 Xeon, against a 1e-5 bound. In the L2 norm those few elements weigh what they are: the
+    gap stays ~sqrt(rounding), measured 2.7e-6 to 8.5e-6 (ZeRO-2 and ZeRO-3, both kernel families), so
+    ``UPDATE_GAP_BOUND`` (1e-4) is 10x above it. A wrong gradient is not rounding: the ZeRO-3 bug where a
+    mini-batch learned from its last packed row only moved weights 7.7e-3 away (more than the 4e-3 the
+    steps moved), a gap of order 1.
+    """
+    assert a.keys() == b.keys() == start.keys()
+    gap = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in a)
+    moved = sum(float((a[k].double() - start[k].double()).pow(2).sum()) for k in a)
+    return float((gap / moved) ** 0.5)
+
 
 def synthetic_trajectory(
     rng: random.Random,
