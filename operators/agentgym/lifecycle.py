@@ -1,4 +1,13 @@
-"""TrainingRun status from what the children report: phase and conditions, as a pure function.
+"""The TrainingRun lifecycle: its status from what its components and its control messages report, as pure
+functions. The operator (`agentgym.operator.reconcile`, `handlers`) and the local runner
+(`agentgym.local.runner`) both use them: the operator observes Deployments and Jobs, the runner its
+processes, and each writes the same status.
+
+- `compute_status(Observed)`: phase and conditions;
+- `curriculum_status(CurriculumState)`: step, stage, horizon, metrics and reward;
+- `weights_status(WeightUpdate)`: policy version and last checkpoint;
+- `apply_status_patch(status, patch)`: a patch of these onto the typed `TrainingRunStatus`, as the API
+  server's merge patch does onto the custom resource.
 
 Conditions (each with `observedGeneration`, a CamelCase `reason` and a message):
 - EnvironmentsReady: every environment service the run owns has a ready replica;
@@ -17,7 +26,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentgym.proto import rl_pb2
+from agentgym.spec import TrainingRunStatus
+
 JSONDict = dict[str, Any]
+
+# The step metric reported as `status.reward` (the first one present).
+REWARD_METRICS = ("reward_mean", "reward", "score_mean", "success_rate")
 
 CONDITION_TYPES = ("Ready", "EnvironmentsReady", "InferenceReady", "TrainerRunning", "Complete", "Failed", "Suspended")
 
@@ -75,6 +90,8 @@ class Observed:
     served_policy_version: int | None = None
     max_staleness: int = 0
     suspended: bool = False
+    suspended_reason: tuple[str, str] = ("SuspendedBySpec", "work scaled to zero; set spec.suspend=false to resume")
+    """Why it is suspended (reason, message): the spec, or a local run stopped by its user."""
     problem: tuple[str, str] | None = None
     """A temporary problem (reason, message) the reconcile is retrying, e.g. NATS unreachable."""
 
@@ -167,11 +184,10 @@ def compute_status(
         (job.reason or "TrainerFailed") if job and job.failed else "NoFailure",
         job.message if job and job.failed else "",
     )
-    suspended = _condition(
-        "Suspended",
-        observed.suspended,
-        "SuspendedBySpec" if observed.suspended else "NotSuspended",
-        "work scaled to zero; set spec.suspend=false to resume" if observed.suspended else "",
+    suspended = (
+        _condition("Suspended", observed.suspended, *observed.suspended_reason)
+        if observed.suspended
+        else (_condition("Suspended", False, "NotSuspended"))
     )
     parts = [envs, inference, trainer]
     if observed.problem is not None:
@@ -219,3 +235,40 @@ def same_conditions(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any
         return sorted(tuple(sorted(c.items())) for c in items)
 
     return key(a) == key(b)
+
+
+def curriculum_status(message: rl_pb2.CurriculumState, previous_metrics: Mapping[str, Any]) -> JSONDict:
+    """The status patch for a CurriculumState (metrics that disappeared are removed: None in a merge patch)."""
+    metrics = {key: float(value) for key, value in sorted(message.metrics.items())}
+    patch: JSONDict = {
+        "step": int(message.step),
+        "stage": int(message.stage),
+        "horizon": int(message.horizon),
+        "metrics": {**{key: None for key in previous_metrics if key not in metrics}, **metrics},
+    }
+    reward = next((metrics[k] for k in REWARD_METRICS if k in metrics), None)
+    if reward is not None:
+        patch["reward"] = reward
+    return patch
+
+
+def weights_status(message: rl_pb2.WeightUpdate) -> JSONDict:
+    return {"policyVersion": int(message.version), "lastCheckpoint": message.uri}
+
+
+def apply_status_patch(status: TrainingRunStatus, patch: Mapping[str, Any]) -> TrainingRunStatus:
+    """`status` with a merge patch of the functions above applied (camelCase keys; None removes a key)."""
+
+    def merge(into: Any, change: Any) -> Any:
+        if not isinstance(change, Mapping) or not isinstance(into, Mapping):
+            return change
+        merged = dict(into)
+        for key, value in change.items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = merge(merged.get(key), value)
+        return merged
+
+    document = merge(status.model_dump(by_alias=True, exclude_none=True), patch)
+    return TrainingRunStatus.model_validate(document)

@@ -169,7 +169,7 @@ async def test_create_builds_owned_children_streams_and_status(
     rollout = await cluster.get("Deployment", f"{RUN}-rollout")
     assert rollout is not None
     command = rollout["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert command[:5] == ["agentgym", "rollout", "worker", "--run", RUN]
+    assert command[:5] == ["agentgym", "rollout", "worker", "--spec", "/etc/agentgym/spec.yaml"]  # the mounted spec
     assert f"babyai=http://{RUN}-env-babyai.{NAMESPACE}.svc:8000" in command
     assert "textcraft=http://textcraft.shared.svc:8000" in command
     assert command[command.index("--inference-url") + 1] == f"http://{RUN}-inference.{NAMESPACE}.svc:8000"

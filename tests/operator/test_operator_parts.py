@@ -13,13 +13,12 @@ from operator_harness import FakeEngine
 from typer.testing import CliRunner
 
 from agentgym.cli.main import app
+from agentgym.lifecycle import JobState, Observed, Replicas, compute_status, curriculum_status, weights_status
 from agentgym.messaging import EmbeddedNats
 from agentgym.operator.checks import check_platform
-from agentgym.operator.conditions import JobState, Observed, Replicas, compute_status
 from agentgym.operator.config import ConfigError, OperatorConfig, load_config, redact, with_credentials
 from agentgym.operator.handlers import backoff
 from agentgym.operator.manifests import Checkpoint
-from agentgym.operator.natsbus import curriculum_status, weights_status
 from agentgym.operator.reconcile import child_patch
 from agentgym.operator.weights import (
     HfWeightRoller,

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -258,6 +259,9 @@ def env_serve(
     grpc_port: Annotated[int, typer.Option(help="gRPC port; 0 disables gRPC")] = 50051,
     max_episodes: Annotated[int, typer.Option(min=1, help="Live-episode cap (429 past it)")] = 256,
     idle_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds before an idle episode is reaped")] = 600.0,
+    never_stepped_timeout: Annotated[
+        float, typer.Option(min=0.1, help="Seconds before an episode opened and never stepped is reaped")
+    ] = 60.0,
     step_timeout: Annotated[float, typer.Option(min=0.01, help="Seconds one step may take")] = 30.0,
     settings: Annotated[list[str] | None, typer.Option("--set", help="Environment setting KEY=VALUE")] = None,
     log_level: str = "info",
@@ -270,7 +274,12 @@ def env_serve(
     if name not in ENVIRONMENT_CLASSES:
         raise _fail(f"unknown environment {name!r}; known: {', '.join(sorted(ENVIRONMENT_CLASSES))}")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = ManagerConfig(max_episodes=max_episodes, idle_timeout_s=idle_timeout, step_timeout_s=step_timeout)
+    config = ManagerConfig(
+        max_episodes=max_episodes,
+        idle_timeout_s=idle_timeout,
+        never_stepped_timeout_s=never_stepped_timeout,
+        step_timeout_s=step_timeout,
+    )
     err_console.print(
         f"serving [bold]{name}[/] on http://{host}:{port} (docs: /docs)"
         + (f", gRPC {host}:{grpc_port}" if grpc_port else "")
@@ -482,31 +491,87 @@ def model_tiny(
     console.print(f"wrote {path}")
 
 
+@dataclass(frozen=True)
+class RolloutSettings:
+    run: str
+    tokenizer: str
+    engine: Literal["hf", "vllm"]
+    concurrency: int
+    max_context_tokens: int
+
+
+def _rollout_settings(
+    spec: Path | None,
+    run: str | None,
+    tokenizer: str | None,
+    engine: str | None,
+    concurrency: int | None,
+    max_context_tokens: int | None,
+) -> RolloutSettings:
+    """The rollout worker's settings: a flag if given, else the spec's field, else the standalone default."""
+    if engine is not None and engine not in ("hf", "vllm"):
+        raise _fail(f"--engine must be hf or vllm, got {engine!r}")
+    if spec is None:
+        if run is None:
+            raise _fail("give --spec (a TrainingRun YAML) or --run")
+        return RolloutSettings(
+            run=run,
+            tokenizer=tokenizer or "builtin:tiny",
+            engine=engine or "hf",  # type: ignore[arg-type]
+            concurrency=concurrency or 32,
+            max_context_tokens=max_context_tokens or 4096,
+        )
+    from agentgym.spec import SpecError, load_training_run
+
+    try:
+        training_run = load_training_run(spec)
+    except (OSError, SpecError) as error:
+        raise _fail(f"--spec {spec}: {error}") from None
+    model = training_run.spec.model
+    return RolloutSettings(
+        run=run or training_run.metadata.name,
+        tokenizer=tokenizer or model.tokenizer or model.name,
+        engine=engine or training_run.spec.inference.engine,  # type: ignore[arg-type]
+        concurrency=concurrency or training_run.spec.rollout.concurrency,
+        max_context_tokens=max_context_tokens or model.max_context_tokens,
+    )
+
+
 @rollout_app.command("worker")
 def rollout_worker(
-    run: Annotated[str, typer.Option(help="TrainingRun name (selects the NATS streams)")],
     nats_url: Annotated[str, typer.Option(help="NATS server, e.g. nats://127.0.0.1:4222")],
     inference_url: Annotated[str, typer.Option(help="Completions server (our HF engine or vLLM)")],
     env_url: Annotated[list[str], typer.Option(help="Environment service NAME=URL (repeatable)")],
-    tokenizer: Annotated[str, typer.Option(help="Tokenizer / model folder, or builtin:tiny")] = "builtin:tiny",
-    engine: Annotated[Literal["hf", "vllm"], typer.Option(help="hf or vllm")] = "hf",
-    concurrency: Annotated[int, typer.Option(min=1, help="Episodes in flight")] = 32,
-    max_context_tokens: Annotated[int, typer.Option(min=64)] = 4096,
+    spec: Annotated[
+        Path | None,
+        typer.Option(help="TrainingRun YAML: run name, tokenizer, engine, concurrency and context from it"),
+    ] = None,
+    run: Annotated[str | None, typer.Option(help="TrainingRun name (selects the NATS streams)")] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="Tokenizer / model folder, or builtin:tiny")] = None,
+    engine: Annotated[str | None, typer.Option(help="hf or vllm")] = None,
+    concurrency: Annotated[int | None, typer.Option(min=1, help="Episodes in flight")] = None,
+    max_context_tokens: Annotated[int | None, typer.Option(min=64)] = None,
     log_level: str = "info",
 ) -> None:
-    """Pull RolloutRequests, play episodes, publish Trajectories (ack after publish). Stops on SIGTERM/SIGINT."""
+    """Pull RolloutRequests, play episodes, publish Trajectories (ack after publish). Stops on SIGTERM/SIGINT.
+
+    With `--spec` (as the platform starts it) every setting comes from the TrainingRun; a flag given
+    beside it overrides that field. Without it, `--run` is required and the rest have defaults."""
     import asyncio
     import signal
 
     from agentgym.envs.client import AsyncEnvClient
     from agentgym.inference.client import CompletionClient
-    from agentgym.inference.models import load_tokenizer, resolve_model
+    from agentgym.inference.models import load_tokenizer_by_name
     from agentgym.rollout.episode import EpisodeSettings
     from agentgym.rollout.policy import InferencePolicy
     from agentgym.rollout.tokens import ChatTokenizer
     from agentgym.rollout.worker import RolloutWorker, WorkerConfig
     from agentgym.telemetry import setup_telemetry
 
+    settings = _rollout_settings(spec, run, tokenizer, engine, concurrency, max_context_tokens)
+    run, tokenizer, engine_name = settings.run, settings.tokenizer, settings.engine
+    concurrency, max_context_tokens = settings.concurrency, settings.max_context_tokens
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     urls: dict[str, str] = {}
     for pair in env_url:
@@ -515,7 +580,7 @@ def rollout_worker(
             raise _fail(f"--env-url expects NAME=URL, got {pair!r}")
         urls[name] = url
     try:
-        chat = ChatTokenizer(load_tokenizer(resolve_model(tokenizer)))
+        chat = ChatTokenizer(load_tokenizer_by_name(tokenizer))
     except Exception as error:
         raise _fail(f"cannot load tokenizer {tokenizer!r}: {error}") from None
     telemetry = setup_telemetry("agentgym-rollout")
@@ -525,7 +590,7 @@ def rollout_worker(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        async with CompletionClient(inference_url, engine=engine) as client:
+        async with CompletionClient(inference_url, engine=engine_name) as client:
             environments = {name: AsyncEnvClient(url, max_connections=concurrency) for name, url in urls.items()}
             try:
                 config = WorkerConfig(

@@ -23,20 +23,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+import aiohttp
 import nats
 import yaml
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from agentgym.inference.client import CompletionClient, InferenceError
+from agentgym import lifecycle
+from agentgym.lifecycle import JobState, Observed, Replicas
 from agentgym.local.run_eval import (
     PhaseResult,
     RunEvalSettings,
@@ -48,12 +52,47 @@ from agentgym.local.run_eval import (
 )
 from agentgym.local.supervisor import ProcessFailedError, ProcessSpec, Supervisor
 from agentgym.messaging import EmbeddedNats, RunChannels, decode_message, ensure_run_streams, free_port
+from agentgym.operator.manifests import Checkpoint
+from agentgym.operator.weights import Replica, roller_for, sync_replicas
+from agentgym.plan import Placement, plan_run
 from agentgym.proto import rl_pb2
-from agentgym.spec import Condition, TrainingRun, TrainingRunStatus
+from agentgym.spec import TrainingRun, TrainingRunStatus
 
 log = logging.getLogger(__name__)
 PYTHON = sys.executable
 AGENTGYM = [PYTHON, "-m", "agentgym.cli"]
+LOG_LEVELS = {"env": "warning", "inference": "warning", "rollout": "warning", "trainer": "info"}
+WEIGHT_ROLL_SECONDS = 120.0  # how long a weight roll retries a replica that cannot load (restarting, say)
+
+
+def local_command(command: tuple[str, ...] | list[str]) -> list[str]:
+    """A plan's command on this machine: the images' `agentgym` and `python` are this interpreter."""
+    head, *rest = command
+    if head == "agentgym":
+        return [*AGENTGYM, *rest]
+    if head == "python":
+        return [PYTHON, *rest]
+    return list(command)
+
+
+def local_process_specs(run: TrainingRun, placement: Placement, telemetry_dir: Path) -> list[ProcessSpec]:
+    """The run's processes on this machine, from the same plan the operator renders into pods."""
+    # The DeepSpeed launcher (several GPUs) is found on PATH, as in the trainer image: this environment's.
+    path = os.pathsep.join([str(Path(PYTHON).parent), os.environ.get("PATH", "")])
+    specs = []
+    for component in plan_run(run, placement):
+        argv = local_command(component.command)
+        env = {**component.env, "PATH": path}
+        if component.kind in ("rollout", "trainer"):
+            env["AGENTGYM_TELEMETRY_DIR"] = str(telemetry_dir)
+        if component.kind == "rollout":
+            specs += [ProcessSpec(f"rollout-{i}", argv, env=env) for i in range(run.spec.rollout.workers)]
+        elif component.kind == "trainer":
+            specs.append(ProcessSpec("trainer", argv, done_on_success=True, max_restarts=3, env=env))
+        else:
+            health = f"http://127.0.0.1:{component.port}{component.health_path}" if component.health_path else None
+            specs.append(ProcessSpec(component.name, argv, health, env=env))
+    return specs
 
 
 def _now() -> str:
@@ -61,7 +100,8 @@ def _now() -> str:
 
 
 class RunStatus:
-    """`TrainingRun.status`, kept in `<run>/status.json` (atomically replaced on every change)."""
+    """`TrainingRun.status`, kept in `<run>/status.json` (atomically replaced on every change), written through
+    the same lifecycle functions as the operator's (`agentgym.lifecycle`)."""
 
     def __init__(self, path: Path, generation: int = 1) -> None:
         self.path = path
@@ -73,22 +113,13 @@ class RunStatus:
         self.restarts: dict[str, int] = {}
         self.listeners: list[Callable[[TrainingRunStatus], None]] = []
 
-    def condition(self, kind: str, ok: bool, reason: str, message: str = "") -> None:
-        value: Literal["True", "False"] = "True" if ok else "False"
-        conditions = [c for c in self.status.conditions if c.type != kind]
-        previous = next((c for c in self.status.conditions if c.type == kind), None)
-        changed = previous is None or previous.status != value
-        conditions.append(
-            Condition(
-                type=kind,  # type: ignore[arg-type]
-                status=value,
-                reason=reason,
-                message=message,
-                observed_generation=self.generation,
-                last_transition_time=_now() if changed else (previous.last_transition_time if previous else None),
-            )
-        )
-        self.status.conditions = conditions
+    def apply(self, patch: dict[str, Any]) -> None:
+        self.status = lifecycle.apply_status_patch(self.status, patch)
+
+    def observe(self, observed: Observed) -> None:
+        """Phase and conditions from what the runner sees of its processes."""
+        previous = [c.model_dump(by_alias=True, exclude_none=True) for c in self.status.conditions]
+        self.apply(lifecycle.compute_status(observed, generation=self.generation, previous=previous, now=_now()))
 
     def save(self) -> None:
         self.status.observed_generation = self.generation
@@ -132,19 +163,21 @@ class LocalRunner:
         self._chat: Any = None
         self._pending_eval: asyncio.Task[None] | None = None  # the start or sft eval, while it plays
         self._clock = time.perf_counter()
+        self._trainer_failure: str | None = None
+        self._step_metrics: set[str] = set()
+        self._interrupted = False
+        self._latest_update: rl_pb2.WeightUpdate | None = None
+        self._inference_restarted = asyncio.Event()  # a restarted inference serves the base model: roll again
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
     async def run_until_done(self, stop: asyncio.Event) -> int:
         self.spec_path.write_text(yaml.safe_dump(self.run.to_document(), sort_keys=False))
-        self.status.status.phase = "Pending"
-        self.status.save()
+        self._refresh_status()
         controller: asyncio.Task[None] | None = None
         try:
             await self._start_platform()
-            self.status.status.phase = "Running"
-            self.status.condition("Ready", True, "AllComponentsHealthy")
-            self.status.save()
+            self._refresh_status()
             controller = asyncio.create_task(self._control_loop(stop), name="controller")
             watcher = asyncio.create_task(self.supervisor.watch(stop), name="supervisor")
             done_waiter = asyncio.create_task(self._wait_trainer_done(stop), name="trainer-done")
@@ -168,14 +201,10 @@ class LocalRunner:
                 stopping = asyncio.create_task(asyncio.to_thread(self.supervisor.stop_all, rollouts))
                 await self._final_evaluation()
                 await stopping
-                self.status.status.phase = "Succeeded"
                 self.status.status.completion_time = _now()
-                self.status.condition("Complete", True, "TotalStepsReached")
-                self.status.condition("TrainerRunning", False, "Finished")
                 code = 0
             else:
-                self.status.status.phase = "Suspended"
-                self.status.condition("Suspended", True, "Interrupted", "stopped by the user; resume with --resume")
+                self._interrupted = True
                 code = 130
             stop.set()
             for task in (watcher, done_waiter, stop_waiter):
@@ -183,8 +212,7 @@ class LocalRunner:
             return code
         except ProcessFailedError as error:
             log.error("%s", error)
-            self.status.status.phase = "Failed"
-            self.status.condition("Failed", True, "ProcessFailed", str(error)[:2000])
+            self._trainer_failure = str(error)[:2000]
             return 1
         finally:
             stop.set()
@@ -196,9 +224,44 @@ class LocalRunner:
                 self._pending_eval.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await self._pending_eval
+            self._refresh_status()  # what the run ended as, before its processes are stopped
             self.shutdown()
             self._write_summary()
             self.status.save()
+
+    def observed(self) -> Observed:
+        """What the runner sees of its processes, in the terms the operator sees Deployments and the Job."""
+
+        def replicas(name: str) -> Replicas | None:
+            managed = self.supervisor.processes.get(name)
+            if managed is None:
+                return None
+            return Replicas(ready=1 if managed.process.poll() is None and managed.healthy else 0, desired=1)
+
+        trainer = self.supervisor.processes.get("trainer")
+        if self._trainer_failure is not None:
+            job: JobState | None = JobState(failed=True, reason="ProcessFailed", message=self._trainer_failure)
+        elif trainer is None:
+            job = None
+        elif trainer.finished:
+            job = JobState(succeeded=True)
+        else:
+            job = JobState(active=1 if trainer.process.poll() is None else 0)
+        status = self.status.status
+        return Observed(
+            environments={e.name: replicas(f"env-{e.name}") for e in self.spec.environments if e.url is None},
+            inference=replicas("inference"),
+            job=job,
+            policy_version=status.policy_version,
+            served_policy_version=status.served_policy_version,
+            max_staleness=self.spec.rollout.max_staleness,
+            suspended=self._interrupted,
+            suspended_reason=("Interrupted", "stopped by the user; resume with --resume"),
+        )
+
+    def _refresh_status(self) -> None:
+        self.status.observe(self.observed())
+        self.status.save()
 
     def shutdown(self) -> None:
         # The trainer first (it may be checkpointing), then the producers and consumers, NATS last.
@@ -209,137 +272,77 @@ class LocalRunner:
             self.nats.stop()
 
     def _on_event(self, event: dict[str, Any]) -> None:
+        name = str(event["process"])
         if event["event"] == "restarted":
-            name = str(event["process"])
             self.status.restarts[name] = int(str(event.get("restarts", 0)))
             self.status.status.metrics[f"restarts.{name}"] = float(self.status.restarts[name])
+        if event["event"] in ("restarted", "healthy") and name == "inference":
+            self._inference_restarted.set()
+        if event["event"] in ("crashed", "restarted", "healthy", "finished"):
             with contextlib.suppress(Exception):
-                self.status.save()
+                self._refresh_status()
 
     # -- starting the platform -----------------------------------------------------------------------
+
+    def placement(self, nats_url: str, ports: dict[str, int]) -> Placement:
+        """Where this run's components run here: loopback ports, the run folder, the embedded NATS."""
+        urls: dict[str, str] = {
+            env.name: env.url or f"http://127.0.0.1:{ports[f'env-{env.name}']}" for env in self.spec.environments
+        }
+        return Placement(
+            spec_path=str(self.spec_path),
+            nats_url=nats_url,
+            inference_url=f"http://127.0.0.1:{ports['inference']}",
+            env_urls=urls,
+            bind_host="127.0.0.1",
+            http_ports=ports,
+            grpc_port=0,  # rollout workers speak HTTP; no gRPC port to allocate
+            output_dir=str(self.run_dir),
+            master_port=free_port(),
+            log_level=LOG_LEVELS,
+        )
 
     async def _start_platform(self) -> None:
         from agentgym.inference.models import resolve_model
 
         started = time.perf_counter()
+        if self.spec.inference.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise ProcessFailedError(
+                "inference.engine is vllm, and vLLM is not installed in this environment"
+                f" ({PYTHON}): use its environment, or set inference.engine: hf"
+            )
         self.nats = EmbeddedNats(self.run_dir / "nats")
         self.nats.start()
         nc = await nats.connect(self.nats.url)
         await ensure_run_streams(nc.jetstream(), self.channels)
         await nc.close()
 
+        # Resolved once here, before the processes that load it start together (builtins are built on first use).
         model_dir = resolve_model(self.spec.model.name)
-        envs = []
-        for env in self.spec.environments:
-            if env.url:
-                self.urls[env.name] = env.url
-                continue
-            port = free_port()
-            self.urls[env.name] = f"http://127.0.0.1:{port}"
-            argv = [
-                *AGENTGYM,
-                "env",
-                "serve",
-                env.name,
-                "--port",
-                str(port),
-                "--grpc-port",
-                "0",
-                "--max-episodes",
-                str(env.max_episodes),
-                "--log-level",
-                "warning",
-            ]
-            for key, value in env.config.items():
-                argv += ["--set", f"{key}={json.dumps(value)}"]
-            envs.append(ProcessSpec(f"env-{env.name}", argv, f"{self.urls[env.name]}/healthz"))
-        inference_port = free_port()
-        self.inference_url = f"http://127.0.0.1:{inference_port}"
-        inference = ProcessSpec(
-            "inference",
-            [
-                *AGENTGYM,
-                "inference",
-                "serve",
-                "--model",
-                str(model_dir),
-                "--port",
-                str(inference_port),
-                "--max-batch-size",
-                str(self.spec.inference.max_batch_size),
-                "--log-level",
-                "warning",
-            ],
-            f"{self.inference_url}/health",
-        )
+        ports = {f"env-{env.name}": free_port() for env in self.spec.environments if env.url is None}
+        ports["inference"] = free_port()
+        placement = self.placement(self.nats.url, ports)
+        self.urls, self.inference_url = dict(placement.env_urls), placement.inference_url
+        specs = local_process_specs(self.run, placement, self.run_dir / "telemetry")
+        services = [spec for spec in specs if spec.health_url is not None]
         # Environments and inference start together: none depends on another.
-        await asyncio.gather(*(self.supervisor.start(spec) for spec in [*envs, inference]))
-        self.status.condition("EnvironmentsReady", True, "ServicesHealthy", ", ".join(sorted(self.urls)))
-        self.status.condition("InferenceReady", True, "ServerHealthy", self.inference_url)
+        await asyncio.gather(*(self.supervisor.start(spec) for spec in services))
         self.timings["services_up"] = self._elapsed()
+        self._refresh_status()
         if self.eval_settings.enabled:
-            from agentgym.inference.models import load_tokenizer
+            from agentgym.inference.models import load_tokenizer_by_name
             from agentgym.rollout.tokens import ChatTokenizer
 
-            self._chat = ChatTokenizer(load_tokenizer(model_dir))
+            self._chat = ChatTokenizer(load_tokenizer_by_name(self.spec.model.tokenizer or str(model_dir)))
             if "start" not in self.evals and not self.resume:
                 # The initial policy, before any training: it plays while the trainer starts and warms up.
                 self._pending_eval = asyncio.create_task(self._evaluate("start", 0), name="eval-start")
-
-        telemetry_env = {"AGENTGYM_TELEMETRY_DIR": str(self.run_dir / "telemetry")}
-        for index in range(self.spec.rollout.workers):
-            argv = [
-                *AGENTGYM,
-                "rollout",
-                "worker",
-                "--run",
-                self.name,
-                "--nats-url",
-                self.nats.url,
-                "--inference-url",
-                self.inference_url,
-                "--tokenizer",
-                str(model_dir),
-                "--concurrency",
-                str(self.spec.rollout.concurrency),
-                "--max-context-tokens",
-                str(self.spec.model.max_context_tokens),
-                "--log-level",
-                "warning",
-            ]
-            for name, url in self.urls.items():
-                argv += ["--env-url", f"{name}={url}"]
-            await self.supervisor.start(ProcessSpec(f"rollout-{index}", argv, env=telemetry_env))
-        from agentgym.trainer.launch import local_trainer_command
-
-        trainer = ProcessSpec(
-            "trainer",
-            local_trainer_command(
-                self.spec.trainer.backend,
-                self.spec.trainer.gpus,
-                [
-                    "--run",
-                    str(self.spec_path),
-                    "--nats-url",
-                    self.nats.url,
-                    "--output-dir",
-                    str(self.run_dir),
-                    "--run-name",
-                    self.name,
-                    "--log-level",
-                    "info",
-                ],
-                master_port=free_port(),
-            ),
-            done_on_success=True,
-            max_restarts=3,
-            env=telemetry_env,
-        )
-        await self.supervisor.start(trainer)
-        self.status.condition("TrainerRunning", True, "Started")
+        for spec in specs:
+            if spec.health_url is None:
+                await self.supervisor.start(spec)
         self.timings["trainer_started"] = self._elapsed()
         self.status.status.metrics["startup_seconds"] = round(time.perf_counter() - started, 2)
-        self.status.save()
+        self._refresh_status()
         log.info(
             "platform up in %.1fs: %s", time.perf_counter() - started, self.urls | {"inference": self.inference_url}
         )
@@ -369,46 +372,51 @@ class LocalRunner:
             f"{self.channels.prefix}.control.>", cb=enqueue, ordered_consumer=True, config=config
         )
         try:
-            async with CompletionClient(self.inference_url) as inference:
-                while not stop.is_set():
-                    try:
-                        message = await asyncio.wait_for(queue.get(), timeout=0.5)
-                    except TimeoutError:
-                        continue
-                    if message.subject == self.channels.weights_subject:
-                        update = decode_message(message.data, rl_pb2.WeightUpdate)
-                        await self._eval_finished()  # the policy being measured serves until it is measured
-                        await self._roll_weights(inference, update)
-                        self._after_roll(update)
-                    elif message.subject == self.channels.curriculum_subject:
-                        self._reflect_curriculum(decode_message(message.data, rl_pb2.CurriculumState))
+            while not stop.is_set():
+                if self._inference_restarted.is_set():
+                    self._inference_restarted.clear()
+                    if self._latest_update is not None:  # a restarted server starts on the base model
+                        await self._roll_weights(self._latest_update)
+                try:
+                    message = await asyncio.wait_for(queue.get(), timeout=0.5)
+                except TimeoutError:
+                    continue
+                if message.subject == self.channels.weights_subject:
+                    update = decode_message(message.data, rl_pb2.WeightUpdate)
+                    await self._eval_finished()  # the policy being measured serves until it is measured
+                    await self._roll_weights(update)
+                    self._after_roll(update)
+                elif message.subject == self.channels.curriculum_subject:
+                    self._reflect_curriculum(decode_message(message.data, rl_pb2.CurriculumState))
         finally:
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
             await nc.close()
 
-    async def _roll_weights(self, inference: CompletionClient, update: rl_pb2.WeightUpdate) -> None:
-        status = self.status.status
-        status.policy_version = max(status.policy_version, update.version)
-        status.last_checkpoint = update.uri or status.last_checkpoint
-        served = await inference.policy_version()
-        if served < update.version:
-            for attempt in range(5):
-                try:
-                    served = await inference.load_weights(update.uri, update.version)
+    async def _roll_weights(self, update: rl_pb2.WeightUpdate) -> None:
+        """Make inference serve `update`: the operator's weight roll (`agentgym.operator.weights`) on the one
+        local replica, retried while it cannot load (e.g. restarting) for up to `WEIGHT_ROLL_SECONDS`."""
+        self.status.apply(lifecycle.weights_status(update))
+        if self._latest_update is None or update.version >= self._latest_update.version:
+            self._latest_update = update
+        latest = Checkpoint(int(update.version), update.uri)
+        deadline = time.monotonic() + WEIGHT_ROLL_SECONDS
+        async with aiohttp.ClientSession() as session:
+            roller = roller_for(self.spec.inference.engine, session, timeout=600.0)
+            for attempt in range(1000):
+                result = await sync_replicas(roller, [Replica("inference", self.inference_url, 0)], latest)
+                if result.served is not None and not result.failed:
                     break
-                except InferenceError as error:
-                    if not error.transient or attempt == 4:
-                        # A permanent failure keeps the old weights serving; the run cannot stay on-policy.
-                        self.status.condition("InferenceReady", False, "WeightLoadFailed", str(error))
-                        self.status.save()
-                        raise ProcessFailedError(
-                            f"inference could not load policy {update.version}: {error}"
-                        ) from error
-                    await asyncio.sleep(2**attempt)
-        status.served_policy_version = served
-        self.status.condition("InferenceReady", True, "ServingPolicy", f"version {served}")
-        self.status.save()
+                why = "; ".join(result.failed.values()) or "no answer"
+                if time.monotonic() > deadline:
+                    # The old weights keep serving: the run cannot stay on-policy.
+                    self.status.status.served_policy_version = result.served
+                    self._refresh_status()
+                    raise ProcessFailedError(f"inference could not load policy {update.version}: {why}")
+                log.warning("inference did not load policy %s (%s); retrying", update.version, why)
+                await asyncio.sleep(min(2**attempt, 10))
+        self.status.status.served_policy_version = result.served
+        self._refresh_status()
 
     # -- evaluations -----------------------------------------------------------------------------------
 
@@ -468,8 +476,7 @@ class LocalRunner:
             return
         finally:
             await nc.close()
-        async with CompletionClient(self.inference_url) as inference:
-            await self._roll_weights(inference, update)
+        await self._roll_weights(update)
         await self._evaluate("end", int(update.version))
 
     def summary_lines(self) -> list[str]:
@@ -492,13 +499,10 @@ class LocalRunner:
         path.write_text(json.dumps(document, indent=2, default=str))
 
     def _reflect_curriculum(self, state: rl_pb2.CurriculumState) -> None:
-        status = self.status.status
-        status.step, status.stage, status.horizon = int(state.step), int(state.stage), int(state.horizon)
-        status.metrics.update({k: float(v) for k, v in state.metrics.items()})
-        for key in ("reward_mean", "reward/mean", "reward"):
-            if key in state.metrics:
-                status.reward = float(state.metrics[key])
-                break
+        # Only the last step's metrics are replaced: the evaluations' and the runner's own stay.
+        patch = lifecycle.curriculum_status(state, dict.fromkeys(self._step_metrics, 0.0))
+        self._step_metrics = set(state.metrics)
+        self.status.apply(patch)
         self.status.save()
         for listener in self.step_lines:
             listener(state)

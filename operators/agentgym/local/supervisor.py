@@ -41,6 +41,8 @@ class ManagedProcess:
     started_at: float
     restarts: int = 0
     finished: bool = False
+    healthy: bool = False
+    """Started and (where it has a health URL) answered it; False from a crash until it answers again."""
 
 
 class ProcessFailedError(RuntimeError):
@@ -91,6 +93,7 @@ class Supervisor:
         self.processes[spec.name] = managed
         self.event("started", spec.name, pid=process.pid)
         await self.wait_healthy(managed)
+        managed.healthy = True
         return managed
 
     async def wait_healthy(self, managed: ManagedProcess) -> None:
@@ -124,6 +127,7 @@ class Supervisor:
                     managed.finished = True
                     self.event("finished", spec.name)
                     continue
+                managed.healthy = False
                 self.event("crashed", spec.name, exit_code=code, restarts=managed.restarts)
                 log.warning("%s exited with code %s; last log lines:\n%s", spec.name, code, tail(managed.log_path))
                 if not spec.restart or managed.restarts >= spec.max_restarts:
@@ -134,6 +138,8 @@ class Supervisor:
                 managed.started_at = time.time()
                 self.event("restarted", spec.name, pid=managed.process.pid, restarts=managed.restarts)
                 await self.wait_healthy(managed)
+                managed.healthy = True
+                self.event("healthy", spec.name, restarts=managed.restarts)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), poll_s)
 

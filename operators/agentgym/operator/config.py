@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from agentgym.plan import VLLM_WEIGHT_TRANSFER_BACKEND
 from agentgym.spec import ENVIRONMENT_NAMES, format_validation_error
 
 CONFIG_ENV = "AGENTGYM_OPERATOR_CONFIG"
@@ -82,7 +83,7 @@ class Images(ConfigModel):
 
 class VllmSettings(ConfigModel):
     resources: Resources = Field(default_factory=lambda: _resources("4", "32Gi", "8", "64Gi"))
-    weight_transfer_backend: str | None = "disk"
+    weight_transfer_backend: str | None = VLLM_WEIGHT_TRANSFER_BACKEND
     """vLLM weight-transfer backend for hot reloads (`--weight-transfer-config`); None: rolling restarts only."""
     extra_args: list[str] = Field(default_factory=list)
     shm_size: str = "8Gi"

@@ -26,6 +26,7 @@ import aiohttp
 import kopf
 import nats.errors
 
+from agentgym.lifecycle import curriculum_status, weights_status
 from agentgym.messaging import RunChannels, ensure_run_streams
 from agentgym.operator import kube
 from agentgym.operator.config import OperatorConfig
@@ -33,10 +34,8 @@ from agentgym.operator.kube import KubeClient, KubeError
 from agentgym.operator.natsbus import (
     NatsPool,
     NatsUnavailable,
-    curriculum_status,
     decode_control,
     subscribe_control,
-    weights_status,
 )
 from agentgym.operator.reconcile import (
     EventSink,

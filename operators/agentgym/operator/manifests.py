@@ -27,8 +27,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from agentgym.operator import commands
+from agentgym import plan
 from agentgym.operator.config import EnvironmentDefaults, OperatorConfig, Resources
+from agentgym.plan import GRPC_PORT, HTTP_PORT, Placement
 from agentgym.spec import API_GROUP, TrainingRun
 
 JSONDict = dict[str, Any]
@@ -43,6 +44,9 @@ POLICY_VERSION_ANNOTATION = f"{API_GROUP}/policy-version"
 CHECKPOINT_ANNOTATION = f"{API_GROUP}/checkpoint"
 SPEC_HASH_ANNOTATION = f"{API_GROUP}/spec-hash"
 WORKDIR = "/var/lib/agentgym"
+SPEC_DIR = "/etc/agentgym"
+SPEC_PATH = f"{SPEC_DIR}/spec.yaml"
+NATS_URL_ENV = "AGENTGYM_NATS_URL"
 GPU = "nvidia.com/gpu"
 MAX_NAME = 52  # leaves room for the suffixes controllers add to pod names
 
@@ -132,7 +136,25 @@ def _meta(inputs: RunInputs, name: str, component: str, **extra_labels: str) -> 
 
 
 def service_url(inputs: RunInputs, name: str) -> str:
-    return f"http://{name}.{inputs.namespace}.svc:{commands.HTTP_PORT}"
+    return f"http://{name}.{inputs.namespace}.svc:{HTTP_PORT}"
+
+
+def placement(inputs: RunInputs) -> Placement:
+    """Where the plan's components run on the cluster: the mounted spec, Service DNS names, the NATS Secret
+    through `$(AGENTGYM_NATS_URL)`, each pod on its own address, inference restarted onto a checkpoint."""
+    checkpoint = inputs.inference_checkpoint
+    return Placement(
+        spec_path=SPEC_PATH,
+        nats_url=f"$({NATS_URL_ENV})",
+        inference_url=service_url(inputs, child_name(inputs.name, "inference")),
+        env_urls=environment_urls(inputs),
+        inference_model=(checkpoint_path(checkpoint.uri) or checkpoint.uri) if checkpoint is not None else None,
+        inference_policy_version=checkpoint.version if checkpoint is not None else 0,
+    )
+
+
+def _command(component: plan.Component) -> list[str]:
+    return list(component.command)
 
 
 def environment_urls(inputs: RunInputs) -> dict[str, str]:
@@ -189,7 +211,7 @@ def _env(inputs: RunInputs, component: str) -> list[JSONDict]:
 
 def _nats_env(inputs: RunInputs) -> JSONDict:
     secret = {"name": child_name(inputs.name, "nats"), "key": "url"}
-    return {"name": commands.NATS_URL_ENV, "valueFrom": {"secretKeyRef": secret}}
+    return {"name": NATS_URL_ENV, "valueFrom": {"secretKeyRef": secret}}
 
 
 def _volumes(
@@ -199,7 +221,7 @@ def _volumes(
     mounts: list[JSONDict] = [{"name": "tmp", "mountPath": "/tmp"}]
     if spec:
         volumes.append({"name": "spec", "configMap": {"name": child_name(inputs.name, "spec")}})
-        mounts.append({"name": "spec", "mountPath": commands.SPEC_DIR, "readOnly": True})
+        mounts.append({"name": "spec", "mountPath": SPEC_DIR, "readOnly": True})
     if shm:
         volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}})
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
@@ -369,14 +391,14 @@ def environment_children(inputs: RunInputs, kind: str) -> list[JSONDict]:
     container = _container(
         "env",
         defaults.image,
-        commands.env_service(kind, env.max_episodes, env.config),
+        _command(plan.environment_service(env, placement(inputs))),
         inputs,
         env=_env(inputs, f"env-{kind}") + [{"name": k, "value": v} for k, v in sorted(defaults.env.items())],
         mounts=mounts,
         resources=_resources(defaults.resources),
         ports=[
-            {"name": "http", "containerPort": commands.HTTP_PORT, "protocol": "TCP"},
-            {"name": "grpc", "containerPort": commands.GRPC_PORT, "protocol": "TCP"},
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
         ],
     )
     container["readinessProbe"] = _http_probe("/healthz", period=5, failures=3)
@@ -393,8 +415,8 @@ def environment_children(inputs: RunInputs, kind: str) -> list[JSONDict]:
                 "type": "ClusterIP",
                 "selector": selector(inputs.name, "env", kind),
                 "ports": [
-                    {"name": "http", "port": commands.HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
-                    {"name": "grpc", "port": commands.GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
+                    {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                    {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
                 ],
             },
         },
@@ -434,41 +456,27 @@ def inference_children(inputs: RunInputs) -> list[JSONDict]:
     settings = inputs.config.inference
     name = child_name(inputs.name, "inference")
     checkpoint = inputs.inference_checkpoint
-    model = spec.model.name
-    if checkpoint is not None:
-        model = checkpoint_path(checkpoint.uri) or checkpoint.uri
     gpus = inference.gpus_per_replica
     if inference.engine == "vllm":
-        image = inputs.config.images.vllm
-        command = commands.vllm_inference(
-            model,
-            served_model_name=spec.model.name,
-            tensor_parallel=inference.tensor_parallel,
-            gpu_memory_utilization=inference.gpu_memory_utilization,
-            max_num_seqs=inference.max_batch_size,
-            max_model_len=spec.model.max_context_tokens,
-            dtype=spec.model.dtype,
+        server = plan.inference_server(
+            inputs.run,
+            placement(inputs),
             weight_transfer_backend=settings.vllm.weight_transfer_backend,
             extra_args=settings.vllm.extra_args,
         )
+        image = inputs.config.images.vllm
         resources = _resources(settings.vllm.resources, gpus)
         shm: str | None = settings.vllm.shm_size
-        health = commands.VLLM_HEALTH_PATH
-        extra_env = [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}, {"name": "HF_HOME", "value": "/tmp/hf"}]
     else:
+        server = plan.inference_server(inputs.run, placement(inputs))
         image = inputs.config.images.inference_cpu
-        command = commands.hf_inference(
-            model,
-            max_batch_size=inference.max_batch_size,
-            max_model_len=spec.model.max_context_tokens,
-            dtype=spec.model.dtype,
-            gpus=gpus,
-            policy_version=checkpoint.version if checkpoint is not None else 0,
-        )
         resources = _resources(settings.hf.gpu_resources if gpus else settings.hf.resources, gpus)
         shm = None
-        health = commands.HF_HEALTH_PATH
-        extra_env = [{"name": "HF_HOME", "value": "/tmp/hf"}]
+    command, health = _command(server), server.health_path or plan.HEALTH_PATH
+    extra_env = [{"name": k, "value": v} for k, v in sorted(server.env.items())] + [
+        {"name": "HF_HOME", "value": "/tmp/hf"}
+    ]
+    model = placement(inputs).inference_model or spec.model.name
     volumes, mounts = _volumes(inputs, checkpoints=True, shm=shm)
     container = _container(
         "inference",
@@ -478,7 +486,7 @@ def inference_children(inputs: RunInputs) -> list[JSONDict]:
         env=_env(inputs, "inference") + extra_env,
         mounts=mounts,
         resources=resources,
-        ports=[{"name": "http", "containerPort": commands.HTTP_PORT, "protocol": "TCP"}],
+        ports=[{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
         workdir=WORKDIR,
     )
     if inference.engine == "hf" and model.startswith("builtin:") and model != "builtin:tiny":
@@ -504,7 +512,7 @@ def inference_children(inputs: RunInputs) -> list[JSONDict]:
         "spec": {
             "type": "ClusterIP",
             "selector": selector(inputs.name, "inference"),
-            "ports": [{"name": "http", "port": commands.HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     }
     return [deployment, service]
@@ -516,12 +524,7 @@ def rollout_deployment(inputs: RunInputs) -> JSONDict:
     container = _container(
         "rollout",
         inputs.config.images.rollout,
-        commands.rollout_worker(
-            inputs.name,
-            service_url(inputs, child_name(inputs.name, "inference")),
-            environment_urls(inputs),
-            rollout.concurrency,
-        ),
+        _command(plan.rollout_worker(inputs.run, placement(inputs))),
         inputs,
         env=[*_env(inputs, "rollout"), _nats_env(inputs)],
         mounts=mounts,
@@ -540,7 +543,7 @@ def trainer_job(inputs: RunInputs) -> JSONDict:
     container = _container(
         "trainer",
         inputs.config.images.trainer,
-        commands.trainer(inputs.name, backend=trainer.backend, gpus=gpus),
+        _command(plan.trainer(inputs.run, placement(inputs))),
         inputs,
         env=[*_env(inputs, "trainer"), _nats_env(inputs)],
         mounts=mounts,
@@ -591,12 +594,12 @@ def network_policies(inputs: RunInputs) -> list[JSONDict]:
         policy(
             "envs",
             {"matchLabels": selector(run, "env")},
-            [{"from": [rollout_peer], "ports": tcp(commands.HTTP_PORT, commands.GRPC_PORT)}],
+            [{"from": [rollout_peer], "ports": tcp(HTTP_PORT, GRPC_PORT)}],
         ),
         policy(
             "inference",
             {"matchLabels": selector(run, "inference")},
-            [{"from": inference_peers, "ports": tcp(commands.HTTP_PORT)}],
+            [{"from": inference_peers, "ports": tcp(HTTP_PORT)}],
         ),
         policy(
             "workers",

@@ -1,4 +1,5 @@
-"""The operator's side of NATS: connections, the run's streams, and its control messages turned into status.
+"""The operator's side of NATS: connections, the run's streams, and its control messages (which
+`agentgym.lifecycle` turns into status).
 
 The trainer publishes `CurriculumState` (step, stage, horizon, step metrics) and `WeightUpdate`
 (version, checkpoint URI) on the run's control subjects; the control stream keeps the last few per
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
 from typing import Any
 
 import nats
@@ -22,9 +22,6 @@ from agentgym.operator.config import redact
 from agentgym.proto import rl_pb2
 
 JSONDict = dict[str, Any]
-
-# The step metric reported as `status.reward` (first one present).
-REWARD_METRICS = ("reward_mean", "reward", "score_mean", "success_rate")
 
 
 class NatsUnavailable(Exception):
@@ -70,25 +67,6 @@ class NatsPool:
                 with contextlib.suppress(Exception):
                     await client.close()
             self._clients.clear()
-
-
-def curriculum_status(message: rl_pb2.CurriculumState, previous_metrics: Mapping[str, Any]) -> JSONDict:
-    """The status patch for a CurriculumState (metrics that disappeared are removed)."""
-    metrics = {key: float(value) for key, value in sorted(message.metrics.items())}
-    patch: JSONDict = {
-        "step": int(message.step),
-        "stage": int(message.stage),
-        "horizon": int(message.horizon),
-        "metrics": {**{key: None for key in previous_metrics if key not in metrics}, **metrics},
-    }
-    reward = next((metrics[k] for k in REWARD_METRICS if k in metrics), None)
-    if reward is not None:
-        patch["reward"] = reward
-    return patch
-
-
-def weights_status(message: rl_pb2.WeightUpdate) -> JSONDict:
-    return {"policyVersion": int(message.version), "lastCheckpoint": message.uri}
 
 
 async def subscribe_control(js: JetStreamContext, channels: RunChannels) -> JetStreamContext.PushSubscription:

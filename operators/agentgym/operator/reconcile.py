@@ -23,9 +23,9 @@ import kopf
 from nats.errors import Error as NatsError
 from nats.js.errors import Error as JetStreamError
 
+from agentgym.lifecycle import JobState, Observed, Replicas, compute_status, same_conditions
 from agentgym.messaging import RunChannels, delete_run_streams, ensure_run_streams
 from agentgym.operator import kube, manifests
-from agentgym.operator.conditions import JobState, Observed, Replicas, compute_status, same_conditions
 from agentgym.operator.config import OperatorConfig, with_credentials
 from agentgym.operator.kube import KubeClient, KubeError
 from agentgym.operator.manifests import Checkpoint, RunInputs, child_name

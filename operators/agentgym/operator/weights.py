@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from agentgym.operator import commands
 from agentgym.operator.manifests import POLICY_VERSION_ANNOTATION, Checkpoint, checkpoint_path
+from agentgym.plan import HTTP_PORT
 
 
 class WeightLoadError(Exception):
@@ -148,7 +148,7 @@ def ready_replicas(pods: Sequence[Mapping[str, Any]]) -> list[Replica]:
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
         if not ready:
             continue
-        port = commands.HTTP_PORT
+        port = HTTP_PORT
         for container in pod.get("spec", {}).get("containers", []):
             for entry in container.get("ports", []):
                 if entry.get("name") == "http":

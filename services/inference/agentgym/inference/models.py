@@ -112,6 +112,20 @@ def load_tokenizer(folder: str | Path) -> Any:
     return PreTrainedTokenizerFast.from_pretrained(str(path))
 
 
+def load_tokenizer_by_name(name: str) -> Any:
+    """The tokenizer a spec names (`model.tokenizer`, else `model.name`): a builtin or a local folder as
+    `load_tokenizer` does, anything else an HF hub id (downloaded where the network allows, e.g. a pod with
+    `HF_HOME` on a writable volume; these machines have no hub, so there it fails naming the id)."""
+    if name.startswith("builtin:") or Path(name.removeprefix("file://")).expanduser().is_dir():
+        return load_tokenizer(resolve_model(name))
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as error:
+        raise ModelError(f"cannot load the tokenizer of {name!r}: {error}") from None
+
+
 def _save_tokenizer(tokenizer: Any, out_dir: Path) -> None:
     """Save with `tokenizer_class` = PreTrainedTokenizerFast, so AutoTokenizer also loads tokenizer.json unchanged."""
     tokenizer.save_pretrained(str(out_dir))
