@@ -228,12 +228,8 @@ def _volumes(
     storage = inputs.run.spec.storage
     mount = checkpoint_mount(storage.checkpoint_uri)
     if checkpoints and mount is not None:
-        claim = storage.volume_claim
-        volumes.append(
-            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}}
-            if claim
-            else {"name": "checkpoints", "emptyDir": {}}
-        )
+        claim = checkpoint_claim_name(inputs)
+        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}})
         mounts.append({"name": "checkpoints", "mountPath": mount})
     return volumes, mounts
 
@@ -612,11 +608,18 @@ def network_policies(inputs: RunInputs) -> list[JSONDict]:
     ]
 
 
+def checkpoint_claim_name(inputs: RunInputs) -> str:
+    """The claim the trainer writes checkpoints to and inference reads them from: the spec's `volumeClaim`, else
+    the run's own `<run>-checkpoints` (an emptyDir per pod would leave inference unable to load any of them)."""
+    return inputs.run.spec.storage.volume_claim or child_name(inputs.name, "checkpoints")
+
+
 def checkpoint_claim(inputs: RunInputs) -> JSONDict | None:
-    """The PersistentVolumeClaim to create when the run names one that does not exist (never owned by the run:
-    checkpoints outlive it, and several runs may share the claim)."""
+    """The PersistentVolumeClaim to create when it does not exist, for file checkpoints. A claim the spec names
+    is never owned by the run (checkpoints outlive it, several runs may share it); the run's own default claim
+    is (`reconcile` adopts it: deleting the run deletes it)."""
     storage = inputs.run.spec.storage
-    if not storage.volume_claim:
+    if checkpoint_mount(storage.checkpoint_uri) is None:
         return None
     spec: JSONDict = {
         "accessModes": list(inputs.config.checkpoints.access_modes),
@@ -628,7 +631,7 @@ def checkpoint_claim(inputs: RunInputs) -> JSONDict | None:
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
         "metadata": {
-            "name": storage.volume_claim,
+            "name": checkpoint_claim_name(inputs),
             "namespace": inputs.namespace,
             "labels": {"app.kubernetes.io/part-of": "agentgym", "app.kubernetes.io/managed-by": MANAGED_BY},
         },

@@ -311,6 +311,8 @@ async def reconcile(
         # The claim comes before the children: the trainer Job's pod mounts it, and waits unschedulable without it.
         claim = manifests.checkpoint_claim(inputs)
         if claim is not None and await client.get(kube.PVC, namespace, claim["metadata"]["name"]) is None:
+            if not run.spec.storage.volume_claim:
+                kopf.adopt(claim, owner=dict(body))  # type: ignore[arg-type]
             try:
                 await client.create(claim)
                 emit("Normal", "CheckpointVolumeCreated", f"PersistentVolumeClaim {claim['metadata']['name']}")
