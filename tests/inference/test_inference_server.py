@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -192,3 +194,59 @@ async def test_weight_reload_over_http(
             assert stale.value.status == 409
             status, body, _ = await post(f"{server.url}/v1/load_weights", {"uri": "x"})
             assert status == 400 and "version" in body["error"]["message"]
+
+
+async def post_raw(url: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    headers = {"content-type": "application/json"}
+    async with aiohttp.ClientSession() as session, session.post(url, data=body, headers=headers) as response:
+        return response.status, await response.json(content_type=None)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b'{"prompt": "\\ud800", "max_tokens": 2}', "prompt"),
+        (b'{"prompt": ["ok", "\\udfff"], "max_tokens": 2}', "prompt.1"),
+        (b'{"prompt": [1, 2], "stop": "\\ud800", "max_tokens": 2}', "stop"),
+        (b'{"prompt": [1, 2], "model": "\\ud800"}', "model"),
+        (b'{"prompt": [1, 2], "\\ud800": 1}', None),  # an unknown key is ignored, whatever it holds
+    ],
+)
+async def test_a_lone_surrogate_is_a_400_naming_the_field(live_server: Any, body: bytes, field: str | None) -> None:
+    status, reply = await post_raw(f"{live_server.url}/v1/completions", body)
+    if field is None:
+        assert status == 200
+        return
+    assert status == 400 and reply["error"]["message"].startswith(f"{field}: not valid Unicode"), reply
+
+
+async def test_huge_prompts_are_refused_before_tokenizing(live_server: Any) -> None:
+    url = f"{live_server.url}/v1/completions"
+    started = time.perf_counter()
+    # 10 MB: past the request body cap, refused before it is read.
+    status, reply = await post_raw(url, json.dumps({"prompt": "ab " * 3_500_000, "max_tokens": 1}).encode())
+    assert status == 413 and reply["error"]["code"] == 413 and "too large" in reply["error"]["message"]
+    # Under the body cap, but more characters than can fit the context: refused without tokenizing.
+    status, reply = await post_raw(url, json.dumps({"prompt": "ab " * 200_000, "max_tokens": 1}).encode())
+    assert status == 400 and "send token ids instead" in reply["error"]["message"]
+    # A million token ids: refused fast too (by the body cap or by the context check).
+    status, reply = await post_raw(url, json.dumps({"prompt": [1] * 1_000_000, "max_tokens": 1}).encode())
+    assert status in (400, 413)
+    assert time.perf_counter() - started < 5
+    # A long prompt that fits still works.
+    status, reply = await post_raw(url, json.dumps({"prompt": "go to the red door " * 300, "max_tokens": 1}).encode())
+    assert status == 200, reply
+
+
+async def test_openapi_says_what_the_routes_answer(live_server: Any) -> None:
+    async with aiohttp.ClientSession() as session, session.get(f"{live_server.url}/openapi.json") as response:
+        spec = await response.json()
+    paths = spec["paths"]
+    assert set(paths["/v1/completions"]["post"]["responses"]) == {"200", "400", "413", "503"}
+    assert set(paths["/v1/load_weights"]["post"]["responses"]) == {"200", "400", "409", "413"}
+    assert all("422" not in op["responses"] for ops in paths.values() for op in ops.values())
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+    assert list(paths["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
+    # And validation errors are the declared 400, in the declared shape.
+    status, body, _ = await post(f"{live_server.url}/v1/completions", {"prompt": [1], "max_tokens": "x"})
+    assert status == 400 and set(body["error"]) == {"message", "type", "param", "code"}

@@ -14,6 +14,7 @@ from deepsearch_helpers import TINY_CORPUS, closed_port_url, serve_app, write_js
 from agentgym.envs.deepsearch.index import BM25Index
 from agentgym.envs.deepsearch.retriever import create_retrieval_app
 from agentgym.envs.server.http_api import create_app
+from agentgym.envs.server.limits import MAX_ACTION_CHARS
 from agentgym.envs.server.manager import EpisodeManager, ManagerConfig
 from agentgym.envs.server.runner import build_manager
 
@@ -74,8 +75,8 @@ async def test_tasks_listing_and_bad_native_inputs(service: tuple[httpx.AsyncCli
     assert (await client.post("/v1/episodes", json={"split": "test", "index": 28})).status_code == 404
     assert (await client.post("/v1/episodes/nope/step", json={"action": "<search>x</search>"})).status_code == 404
     episode = (await client.post("/v1/episodes", json={"split": "test", "index": 0})).json()["episode_id"]
-    too_long = await client.post(f"/v1/episodes/{episode}/step", json={"action": "x" * 20_000})
-    assert too_long.status_code == 422
+    too_long = await client.post(f"/v1/episodes/{episode}/step", json={"action": "x" * (MAX_ACTION_CHARS + 1)})
+    assert too_long.status_code == 422 and "action" in too_long.json()["error"]
     invalid = (await client.post(f"/v1/episodes/{episode}/step", json={"action": "just text"})).json()
     assert invalid["info"]["invalid_action"] and "<search> and </search>" in invalid["observation"]
 
@@ -119,6 +120,14 @@ async def test_agentgym_searchqa_routes(service: tuple[httpx.AsyncClient, Episod
         ("post", "/create", {"id": 10_000}, 404),
         ("post", "/create", {"id": -1}, 404),
         ("post", "/create", {"id": "zero"}, 422),
+        # booleans (and numbers as text, and fractions) are not data indices
+        ("post", "/create", {"id": False}, 422),
+        ("post", "/create", {"id": "1"}, 422),
+        ("post", "/create", {"id": 1.5}, 422),
+        ("post", "/step", {"env_idx": True, "action": "<search>x</search>"}, 422),
+        ("post", "/reset", {"env_idx": 0, "id": True}, 422),
+        ("post", "/close", {"env_idx": False}, 422),
+        ("post", "/step", {"env_idx": 0, "action": "x" * (MAX_ACTION_CHARS + 1)}, 422),
         ("post", "/step", {"env_idx": 99, "action": "<search>x</search>"}, 404),
         ("post", "/step", {"env_idx": 0}, 422),
         ("post", "/reset", {"env_idx": 99, "id": 0}, 404),

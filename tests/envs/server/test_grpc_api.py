@@ -10,6 +10,7 @@ from countdown_env import make_manager
 from google.protobuf import json_format
 
 from agentgym.envs.server.grpc_api import create_grpc_server
+from agentgym.envs.server.limits import MAX_ACTION_CHARS
 from agentgym.envs.server.manager import EpisodeManager
 from agentgym.proto import env_pb2, env_pb2_grpc
 
@@ -83,3 +84,16 @@ async def test_error_codes(stub_and_manager: tuple[env_pb2_grpc.EnvServiceStub, 
     with pytest.raises(grpc.aio.AioRpcError) as no_task:
         await stub.ResetEpisode(env_pb2.ResetEpisodeRequest(episode_id=opened[1].episode_id))
     assert no_task.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_action_limit_is_the_http_one(
+    stub_and_manager: tuple[env_pb2_grpc.EnvServiceStub, EpisodeManager],
+) -> None:
+    stub, manager = stub_and_manager
+    opened = await stub.CreateEpisode(env_pb2.CreateEpisodeRequest(task=_task("count/2")))
+    with pytest.raises(grpc.aio.AioRpcError) as too_long:
+        await stub.Step(env_pb2.StepRequest(episode_id=opened.episode_id, action="x" * (MAX_ACTION_CHARS + 1)))
+    assert too_long.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "action" in (too_long.value.details() or "")
+    assert manager.get(opened.episode_id).steps == 0
+    at_limit = await stub.Step(env_pb2.StepRequest(episode_id=opened.episode_id, action="x" * MAX_ACTION_CHARS))
+    assert json_format.MessageToDict(at_limit.info)["invalid_action"] is True

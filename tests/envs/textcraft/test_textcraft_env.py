@@ -120,6 +120,42 @@ def test_craft_and_multiples(env: TextCraftEnv) -> None:
     assert env.inventory == {"minecraft:dark_oak_planks": 12, "minecraft:oak_planks": 2, "minecraft:stick": 4}
 
 
+@pytest.mark.parametrize("phrasing", ["1 oak logs", "1 oak log"])
+def test_what_was_got_crafts_whichever_way_it_is_named(env: TextCraftEnv, phrasing: str) -> None:
+    # The recipe takes Minecraft's oak_logs tag (spelled as one item, "oak logs"); an oak log is one of them.
+    assert env.step("get 1 oak log").observation == "Got 1 oak log"
+    assert env.step("inventory").observation == "Inventory: [oak log] (1)"
+    assert env.step(f"craft 4 oak planks using {phrasing}").observation == "Crafted 4 minecraft:oak_planks"
+    assert env.inventory == {"minecraft:oak_planks": 4}
+
+
+def test_singular_and_plural_names_and_tag_members() -> None:
+    env = TextCraftEnv()
+    env.reset("craft/minecraft:campfire")  # 3 logs, 3 stick, 1 coals: two of them groups
+    run(env, "get 2 oak logs", "get 1 stripped birch log", "get 1 crimson stem", "get 1 coal")
+    # the group "oak logs" held counts for an oak log, and a name that is not an item is read as its
+    # singular or plural ("oak plank", "sticks")
+    assert env.step("craft 4 oak planks using 1 oak log").observation == "Crafted 4 minecraft:oak_planks"
+    assert env.step("craft 4 sticks using 2 oak plank").observation == "Crafted 4 minecraft:stick"
+    # "logs" takes any log, the named one first, then every other member held
+    result = env.step("craft 1 campfire using 3 logs, 3 sticks, 1 coals")
+    assert result.observation == "Crafted 1 minecraft:campfire" and result.reward == 1.0
+    assert env.inventory == {"minecraft:oak_planks": 2, "minecraft:stick": 1, "minecraft:campfire": 1}
+
+
+def test_a_specific_item_is_still_required_where_the_recipe_names_it() -> None:
+    env = TextCraftEnv()
+    env.reset("craft/minecraft:oak_wood")  # 4 oak log: the item, not the group
+    run(env, "get 4 oak logs")
+    failed = env.step("craft 3 oak wood using 4 oak log")
+    assert failed.observation == (
+        "Could not find enough items to craft minecraft:oak_wood: 4 oak log needed, 0 in the inventory."
+    )
+    run(env, "get 4 oak log")
+    assert env.step("craft 3 oak wood using 4 oak log").observation == "Crafted 3 minecraft:oak_wood"
+    assert env.inventory == {"minecraft:oak_logs": 4, "minecraft:oak_wood": 3}
+
+
 @pytest.mark.parametrize(
     ("action", "expected"),
     [

@@ -60,3 +60,28 @@ def test_malformed_actions_say_why(text: str, fragment: str) -> None:
 def test_round_trip_through_str() -> None:
     for text in ("click [1]", "type [2] [x y] [0]", "press [Enter]", "scroll [up]", "tab_focus [1]", "stop [42]"):
         assert str(parse_action(text)) == text
+
+
+COT_REPLY = (
+    "Let's think step-by-step. This page lists the products; the objective is to open the first one, "
+    "whose link has id [23]. In summary, the next action I will perform is ```click [23]```"
+)
+
+
+@pytest.mark.parametrize(
+    ("reply", "action"),
+    [
+        (COT_REPLY, "click [23]"),
+        # AgentGym's server takes the first fenced span, across lines, stripped
+        ("I could ```scroll [down]``` but rather\n```\ntype [5] [hello] [1]\n```", "scroll [down]"),
+        ("Thinking.\n```\ntype [5] [hello] [1]\n```", "type [5] [hello] [1]"),
+        # without one the reply is taken whole: a bare action from our own clients
+        ("click [12]", "click [12]"),
+        ("```click [12]", "```click [12]"),
+    ],
+)
+def test_agentgym_compat_extracts_the_action_from_a_whole_reply(reply: str, action: str) -> None:
+    from agentgym.envs.webarena.compat import extract_action
+
+    assert extract_action(reply) == action
+    assert parse_action(extract_action(COT_REPLY)) == BrowserAction("click", element_id=23)

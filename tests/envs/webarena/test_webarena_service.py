@@ -77,6 +77,28 @@ async def test_agentgym_compat_routes() -> None:
         assert (await client.post("/close", json={"env_idx": 0})).json() == {"closed": True}
 
 
+async def test_agentgym_compat_step_reads_the_action_from_the_whole_reply() -> None:
+    """AgentGym's WebArena client sends the model's whole reply; its server extracts the fenced action."""
+    async with running_service("webarena") as (client, _, _):
+        env_idx = (await client.post("/create")).json()["env_idx"]
+        reset = (await client.post("/reset", json={"env_idx": env_idx, "seed": 0, "idx": 0})).json()
+        history: list[str] = []
+        stepped: dict = {}
+        observation = reset["observation"]
+        for _ in range(5):
+            history.append(SOLVERS["click-button"](reset["object"], observation, history))
+            reply = (
+                "Let's think step-by-step. The objective names a button; the page lists it with its id. "
+                f"In summary, the next action I will perform is ```{history[-1]}```"
+            )
+            stepped = (await client.post("/step", json={"env_idx": env_idx, "action": reply})).json()
+            observation = stepped["observation"]
+            assert "Unknown action" not in observation
+            if stepped["terminated"]:
+                break
+        assert stepped["terminated"] is True and stepped["reward"] == 1.0
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "fragment"),
     [

@@ -9,7 +9,8 @@ Routes (OpenAPI docs at /docs):
   `GET /v1/policy_version`.
 
 Errors are `{"error": {"message", "type", "param", "code"}}` with 400 (bad request, unknown model, bad
-weights), 409 (stale weight version), 503 (shutting down).
+weights: what vLLM and OpenAI answer, validation errors included; the OpenAPI document says 400, not
+FastAPI's 422), 409 (stale weight version), 413 (request body too large), 503 (shutting down).
 """
 
 from __future__ import annotations
@@ -27,11 +28,15 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse
 from opentelemetry import propagate, trace
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+# The HTTP input guards shared with the environment services (plain ASGI/pydantic code, no environment).
+from agentgym.envs.server.limits import BodySizeLimit, safe_text, valid_unicode
 from agentgym.inference.client import POLICY_VERSION_HEADER
 from agentgym.inference.engine import (
     Engine,
@@ -47,6 +52,18 @@ from agentgym.serving import UvicornWithoutSignals
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("agentgym.inference")
+
+# A text prompt longer than this many characters per token of the model's context cannot fit it, and is
+# refused before tokenizing (a few microseconds a character on one core, on the event loop, and memory:
+# 10 MB took 46 s and 4 GB). Natural text and code average 3-5 characters a token with the BPE
+# vocabularies served here, whitespace-heavy text under 10; 16 is a generous bound. Token-id prompts
+# (the platform's own clients send those) are checked exactly, against the context, by the engine.
+MAX_PROMPT_CHARS_PER_TOKEN = 16
+# Request bodies are capped at this many bytes per token of context (at least 1 MiB): room for a text
+# prompt at the cap above in the worst JSON escaping (12 bytes a character), or ~30 full-length token-id
+# prompts (up to 8 bytes an id). Past it: 413 before the body is read.
+BODY_BYTES_PER_CONTEXT_TOKEN = 256
+MIN_BODY_BYTES = 1 << 20
 
 
 class CompletionRequest(BaseModel):
@@ -81,6 +98,22 @@ class CompletionRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     suffix: str | None = None
 
+    def check_text(self) -> None:
+        """Raise InvalidRequestError naming the field when a string holds a lone surrogate ("\\ud800" is legal
+        JSON, but such text can be neither tokenized nor written into a response)."""
+        fields: list[tuple[str, object]] = [("model", self.model), ("suffix", self.suffix)]
+        fields += [("prompt", self.prompt if isinstance(self.prompt, str) else None)]
+        if isinstance(self.prompt, list):
+            fields += [(f"prompt.{i}", p) for i, p in enumerate(self.prompt) if isinstance(p, str)]
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        fields += [(f"stop.{i}" if not isinstance(self.stop, str) else "stop", s) for i, s in enumerate(stops)]
+        for name, value in fields:
+            if isinstance(value, str):
+                try:
+                    valid_unicode(value)
+                except ValueError as error:
+                    raise InvalidRequestError(f"{name}: {error}") from None
+
     def unsupported(self) -> str | None:
         checks = {
             "stream": not self.stream,
@@ -104,22 +137,65 @@ class LoadWeightsRequest(BaseModel):
     version: int = Field(ge=0, description="Policy version the new weights are served as")
 
 
-def error_response(status: int, message: str, kind: str | None = None) -> JSONResponse:
-    kinds = {400: "BadRequestError", 404: "NotFoundError", 409: "ConflictError", 503: "ServiceUnavailableError"}
-    error: dict[str, Any] = {
-        "message": message,
-        "type": kind or kinds.get(status, "InternalServerError"),
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error shape."""
+
+    error: ErrorDetail
+
+
+_KINDS = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    409: "ConflictError",
+    413: "RequestTooLargeError",
+    503: "ServiceUnavailableError",
+}
+
+
+def error_payload(status: int, message: str, kind: str | None = None) -> dict[str, Any]:
+    # The message may quote the request: never let it make the response unencodable (lone surrogates).
+    error = {
+        "message": safe_text(message, 2_000),
+        "type": kind or _KINDS.get(status, "InternalServerError"),
         "param": None,
         "code": status,
     }
-    return JSONResponse({"error": error}, status_code=status)
+    return {"error": error}
+
+
+def error_response(status: int, message: str, kind: str | None = None) -> JSONResponse:
+    return JSONResponse(error_payload(status, message, kind), status_code=status)
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` for the error statuses a route can answer."""
+    described = {
+        400: "Invalid request (malformed JSON and invalid fields included)",
+        409: "A stale weight version",
+        413: "Request body too large",
+        503: "Shutting down",
+    }
+    return {status: {"model": ErrorResponse, "description": described[status]} for status in statuses}
+
+
+_INVALID_400 = {
+    "description": "Invalid request",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+}
 
 
 def _validation_message(error: RequestValidationError) -> str:
     parts = []
     for item in error.errors():
-        location = ".".join(str(p) for p in item.get("loc", ()) if p != "body")
-        parts.append(f"{location or 'body'}: {item.get('msg', 'invalid')}")
+        location = ".".join(safe_text(p, 100) for p in item.get("loc", ()) if p != "body")
+        parts.append(f"{location or 'body'}: {safe_text(item.get('msg', 'invalid'))}")
     return "invalid request: " + "; ".join(parts)
 
 
@@ -134,6 +210,13 @@ def _prompts(request: CompletionRequest, engine: Engine) -> list[list[int]]:
     if texts is not None:
         if any(not t for t in texts):
             raise InvalidRequestError("the prompt is empty")
+        cap = engine.max_model_len * MAX_PROMPT_CHARS_PER_TOKEN
+        longest = max(len(t) for t in texts)
+        if longest > cap:
+            raise InvalidRequestError(
+                f"the prompt is {longest} characters, more than fit the model's context of {engine.max_model_len} "
+                f"tokens (at most {cap} characters are tokenized); send token ids instead"
+            )
         return [list(engine.tokenizer.encode(t, add_special_tokens=False)) for t in texts]
     if not prompt:
         raise InvalidRequestError("the prompt is empty")
@@ -226,12 +309,41 @@ def create_app(engine: Engine, *, manage_engine: bool = False) -> FastAPI:
     app.state.engine = engine
     metrics = engine.metrics
     token_text = _TokenText(engine.tokenizer)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=max(MIN_BODY_BYTES, BODY_BYTES_PER_CONTEXT_TOKEN * engine.max_model_len),
+        payload=lambda message: error_payload(413, message),
+    )
+
+    def openapi() -> dict[str, Any]:
+        # Validation errors are answered 400 (as vLLM and OpenAI do): say so instead of FastAPI's 422.
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            for operations in schema.get("paths", {}).values():
+                for operation in operations.values():
+                    responses = operation.get("responses", {})
+                    if responses.pop("422", None) is not None:
+                        responses.setdefault("400", _INVALID_400)
+            components = schema.get("components", {}).get("schemas", {})
+            for name in ("HTTPValidationError", "ValidationError"):
+                components.pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         if request.url.path == "/v1/completions":
             metrics.requests.labels("invalid").inc()
         return error_response(400, _validation_message(error))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        # FastAPI's own errors (a body that is not even UTF-8, an unknown route or method) in OpenAI's shape.
+        response = error_response(error.status_code, str(error.detail))
+        response.headers.update(error.headers or {})
+        return response
 
     @app.exception_handler(InvalidRequestError)
     async def _bad(_: Request, error: InvalidRequestError) -> JSONResponse:
@@ -241,11 +353,16 @@ def create_app(engine: Engine, *, manage_engine: bool = False) -> FastAPI:
     async def _closed(_: Request, error: EngineClosedError) -> JSONResponse:
         return error_response(503, str(error))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=_errors(400, 413, 503))
     async def completions(body: CompletionRequest, request: Request) -> JSONResponse:
         with tracer.start_as_current_span(
             "inference.completion", context=propagate.extract(dict(request.headers))
         ) as span:
+            try:
+                body.check_text()
+            except InvalidRequestError:
+                metrics.requests.labels("invalid").inc()
+                raise
             unsupported = body.unsupported()
             if unsupported:
                 metrics.requests.labels("invalid").inc()
@@ -329,8 +446,9 @@ def create_app(engine: Engine, *, manage_engine: bool = False) -> FastAPI:
             headers={POLICY_VERSION_HEADER: str(engine.policy_version)},
         )
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> PlainTextResponse:
+        """Prometheus metrics, in Prometheus' text format."""
         return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/policy_version")
@@ -338,7 +456,7 @@ def create_app(engine: Engine, *, manage_engine: bool = False) -> FastAPI:
         version = engine.policy_version
         return JSONResponse({"policy_version": version}, headers={POLICY_VERSION_HEADER: str(version)})
 
-    @app.post("/v1/load_weights")
+    @app.post("/v1/load_weights", responses=_errors(400, 409, 413))
     async def load_weights(body: LoadWeightsRequest) -> JSONResponse:
         started = time.perf_counter()
         with tracer.start_as_current_span("inference.load_weights") as span:

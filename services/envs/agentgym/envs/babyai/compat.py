@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from agentgym.envs.base import UnknownTaskError
-from agentgym.envs.server.compat import CompatIds, ResetBody, StepBody, add_common_routes, answer
+from agentgym.envs.server.compat import CompatIds, ResetBody, StepBody, add_common_routes, answer, compat_errors
 from agentgym.envs.server.manager import EpisodeManager
 
 
@@ -29,7 +29,7 @@ def build_router(manager: EpisodeManager, ids: CompatIds) -> APIRouter:
 
     add_common_routes(router, manager, ids, "This is environment BabyAI.")
 
-    @router.post("/create")
+    @router.post("/create", responses=compat_errors(429, 500))
     async def create() -> Any:
         async def run() -> Any:
             episode, _ = await manager.open(None)
@@ -37,7 +37,7 @@ def build_router(manager: EpisodeManager, ids: CompatIds) -> APIRouter:
 
         return await answer(run)
 
-    @router.post("/reset")
+    @router.post("/reset", responses=compat_errors(404, 409, 413, 429, 500))
     async def reset(body: ResetBody) -> Any:
         async def run() -> Any:
             first = await manager.reset(ids.episode_id(body.id), data_task(body.data_idx))
@@ -45,7 +45,7 @@ def build_router(manager: EpisodeManager, ids: CompatIds) -> APIRouter:
 
         return await answer(run)
 
-    @router.post("/step")
+    @router.post("/step", responses=compat_errors(404, 409, 413))
     async def step(body: StepBody) -> Any:
         async def run() -> Any:
             result = await manager.step(ids.episode_id(body.id), body.action)

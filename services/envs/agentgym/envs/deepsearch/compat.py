@@ -25,26 +25,27 @@ from pydantic import BaseModel, Field
 from agentgym.envs.base import Environment
 from agentgym.envs.deepsearch.env import DeepSearchEnv
 from agentgym.envs.deepsearch.tasks import DeepSearchCatalog
-from agentgym.envs.server.compat import CompatIds, answer
+from agentgym.envs.server.compat import CompatIds, answer, compat_errors
+from agentgym.envs.server.limits import ActionText, BodyInt
 from agentgym.envs.server.manager import EpisodeManager
 
 
 class CreateQuery(BaseModel):
-    id: int = Field(default=0, description="AgentGym data index of the question")
+    id: BodyInt = Field(default=0, description="AgentGym data index of the question")
 
 
 class StepQuery(BaseModel):
-    env_idx: int
-    action: str = Field(max_length=65_536)
+    env_idx: BodyInt
+    action: ActionText = Field(description="The model's reply; its first <search> or <answer> tag is the action")
 
 
 class ResetQuery(BaseModel):
-    env_idx: int
-    id: int | None = None
+    env_idx: BodyInt
+    id: BodyInt | None = None
 
 
 class CloseQuery(BaseModel):
-    env_idx: int
+    env_idx: BodyInt
 
 
 def _prompt(env: Environment) -> str:
@@ -63,7 +64,7 @@ def build_router(manager: EpisodeManager, ids: CompatIds) -> APIRouter:
     async def hello() -> str:
         return "ok"
 
-    @router.post("/create", response_model=int)
+    @router.post("/create", response_model=int, responses=compat_errors(404, 413, 429, 500))
     async def create(body: CreateQuery) -> int | JSONResponse:
         async def run() -> int:
             task_id = catalog.compat_task_id(body.id)
@@ -72,7 +73,7 @@ def build_router(manager: EpisodeManager, ids: CompatIds) -> APIRouter:
 
         return await answer(run)
 
-    @router.post("/step", response_model=None)
+    @router.post("/step", response_model=None, responses=compat_errors(404, 409, 413))
     async def step(body: StepQuery) -> dict[str, Any] | JSONResponse:
         async def run() -> dict[str, Any]:
             result = await manager.step(ids.episode_id(body.env_idx), body.action)
@@ -85,14 +86,14 @@ def build_router(manager: EpisodeManager, ids: CompatIds) -> APIRouter:
 
         return await answer(run)
 
-    @router.get("/observation", response_model=str)
+    @router.get("/observation", response_model=str, responses=compat_errors(404, 409))
     async def observation(env_idx: int) -> str | JSONResponse:
         async def run() -> str:
             return await manager.call(ids.episode_id(env_idx), _prompt)
 
         return await answer(run)
 
-    @router.post("/reset", response_model=str)
+    @router.post("/reset", response_model=str, responses=compat_errors(404, 409, 413, 429, 500))
     async def reset(body: ResetQuery) -> str | JSONResponse:
         async def run() -> str:
             episode_id = ids.episode_id(body.env_idx)
@@ -107,7 +108,7 @@ def build_router(manager: EpisodeManager, ids: CompatIds) -> APIRouter:
 
         return await answer(run)
 
-    @router.post("/close", response_model=None)
+    @router.post("/close", response_model=None, responses=compat_errors(404, 413))
     async def close(body: CloseQuery) -> bool | JSONResponse:
         async def run() -> bool:
             await manager.close(ids.remove(body.env_idx))

@@ -22,27 +22,28 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from agentgym.envs.base import Environment
 from agentgym.envs.sciworld.env import SciWorldEnv
 from agentgym.envs.sciworld.tasks import load_catalog
-from agentgym.envs.server.compat import CompatIds, answer
+from agentgym.envs.server.compat import CompatIds, answer, compat_errors
+from agentgym.envs.server.limits import ActionText, BodyInt
 from agentgym.envs.server.manager import EnvironmentCrashError, Episode, EpisodeManager, EpisodeStateError
 
 
 class IdBody(BaseModel):
-    id: int
+    id: BodyInt
 
 
 class StepBody(BaseModel):
-    id: int
-    action: str = Field(max_length=16_384)
+    id: BodyInt
+    action: ActionText
 
 
 class ResetBody(BaseModel):
-    id: int
-    data_idx: int = 0
+    id: BodyInt
+    data_idx: BodyInt = 0
 
 
 def _ready(episode: Episode) -> SciWorldEnv:
@@ -62,7 +63,7 @@ def build_router(manager: EpisodeManager, ids: CompatIds) -> APIRouter:
     async def hello() -> str:
         return "This is environment ScienceWorld."
 
-    @router.post("/create")
+    @router.post("/create", responses=compat_errors(429, 500))
     async def create() -> Any:
         async def body() -> dict[str, Any]:
             episode, _ = await manager.open()
@@ -70,7 +71,7 @@ def build_router(manager: EpisodeManager, ids: CompatIds) -> APIRouter:
 
         return await answer(body)
 
-    @router.post("/reset")
+    @router.post("/reset", responses=compat_errors(404, 409, 413, 429, 500))
     async def reset(request: ResetBody) -> Any:
         async def body() -> dict[str, Any]:
             episode_id = ids.episode_id(request.id)
@@ -89,7 +90,7 @@ def build_router(manager: EpisodeManager, ids: CompatIds) -> APIRouter:
 
         return await answer(body)
 
-    @router.post("/step")
+    @router.post("/step", responses=compat_errors(404, 409, 413))
     async def step(request: StepBody) -> Any:
         async def body() -> dict[str, Any]:
             result = await manager.step(ids.episode_id(request.id), request.action)
@@ -102,7 +103,7 @@ def build_router(manager: EpisodeManager, ids: CompatIds) -> APIRouter:
 
         return await answer(body)
 
-    @router.get("/observation")
+    @router.get("/observation", responses=compat_errors(404, 409))
     async def observation(id: int) -> Any:
         async def body() -> str:
             episode = await manager.observe(ids.episode_id(id))
@@ -126,18 +127,18 @@ def build_router(manager: EpisodeManager, ids: CompatIds) -> APIRouter:
         except Exception as error:
             raise EnvironmentCrashError(f"{fn} failed: {type(error).__name__}: {error}") from error
 
-    @router.get("/action_hint")
+    @router.get("/action_hint", responses=compat_errors(404, 409, 500))
     async def action_hint(id: int) -> Any:
         return await answer(lambda: _call(id, "action_hint"))
 
-    @router.get("/goals")
+    @router.get("/goals", responses=compat_errors(404, 409, 500))
     async def goals(id: int) -> Any:
         async def body() -> dict[str, str]:
             return {"goals": await _call(id, "goal_progress")}
 
         return await answer(body)
 
-    @router.post("/close")
+    @router.post("/close", responses=compat_errors(404, 413))
     async def close(request: IdBody) -> Any:
         async def body() -> dict[str, Any]:
             episode_id = ids.remove(request.id)

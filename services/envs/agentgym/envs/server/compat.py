@@ -15,9 +15,10 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from agentgym.envs.base import UnknownTaskError
+from agentgym.envs.server.limits import ActionText, BodyIndex, BodyInt, safe_text
 from agentgym.envs.server.manager import (
     CapacityError,
     EnvironmentCrashError,
@@ -71,7 +72,27 @@ class CompatIds:
 
 
 def compat_error(status: int, message: str) -> JSONResponse:
+    message = safe_text(message, 2_000)
     return JSONResponse({"error": message, "detail": message}, status_code=status)
+
+
+class CompatErrorOut(BaseModel):
+    """AgentGym's error payload: `error`, with the same message in `detail` for FastAPI-style clients."""
+
+    error: str
+    detail: Any
+
+
+def compat_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` for the error statuses a compat route can answer (413 and 422: every body route)."""
+    described = {
+        404: "Unknown id or data index",
+        409: "The episode cannot take this call now (no task yet, finished, failed, or closed meanwhile)",
+        413: "Request body too large",
+        429: "Live-episode cap reached, or the environment is out of capacity; retry later",
+        500: "The environment crashed",
+    }
+    return {status: {"model": CompatErrorOut, "description": described[status]} for status in statuses}
 
 
 _STATUS: list[tuple[type[Exception], int]] = [
@@ -99,19 +120,19 @@ async def answer(call: Callable[[], Awaitable[T]]) -> T | JSONResponse:
 class StepBody(BaseModel):
     """AgentGym's `/step` body (integer episode id)."""
 
-    id: int
-    action: str
+    id: BodyInt
+    action: ActionText
 
 
 class ResetBody(BaseModel):
     """AgentGym's `/reset` body: which task, by AgentGym's data index."""
 
-    id: int
-    data_idx: int = Field(ge=0)
+    id: BodyInt
+    data_idx: BodyIndex
 
 
 class CloseBody(BaseModel):
-    id: int
+    id: BodyInt
 
 
 def add_common_routes(router: APIRouter, manager: EpisodeManager, ids: CompatIds, greeting: str) -> None:
@@ -121,14 +142,14 @@ def add_common_routes(router: APIRouter, manager: EpisodeManager, ids: CompatIds
     async def hello() -> str:
         return greeting
 
-    @router.get("/observation")
+    @router.get("/observation", responses=compat_errors(404))
     async def observation(id: int) -> Any:
         async def run() -> Any:
             return (await manager.observe(ids.episode_id(id))).observation
 
         return await answer(run)
 
-    @router.post("/close")
+    @router.post("/close", responses=compat_errors(404, 413))
     async def close(body: CloseBody) -> Any:
         async def run() -> Any:
             await manager.close(ids.remove(body.id))

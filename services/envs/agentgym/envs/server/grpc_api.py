@@ -9,9 +9,11 @@ import grpc
 from google.protobuf import json_format, struct_pb2
 
 from agentgym.envs.base import ResetResult, StepResult, UnknownTaskError
+from agentgym.envs.server.limits import MAX_ACTION_CHARS, MAX_BODY_BYTES
 from agentgym.envs.server.manager import (
     CapacityError,
     EnvironmentCrashError,
+    EpisodeClosedError,
     EpisodeManager,
     EpisodeNotFoundError,
     EpisodeStateError,
@@ -24,6 +26,7 @@ _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (EpisodeNotFoundError, grpc.StatusCode.NOT_FOUND),
     (UnknownTaskError, grpc.StatusCode.NOT_FOUND),
     (CapacityError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (EpisodeClosedError, grpc.StatusCode.ABORTED),  # a concurrent close: before its base class below
     (EpisodeStateError, grpc.StatusCode.FAILED_PRECONDITION),
     (EnvironmentCrashError, grpc.StatusCode.INTERNAL),
 ]
@@ -119,6 +122,12 @@ class EnvServicer(env_pb2_grpc.EnvServiceServicer):
 
     async def Step(self, request: env_pb2.StepRequest, context: grpc.aio.ServicerContext) -> env_pb2.StepReply:
         async def run() -> env_pb2.StepReply:
+            if len(request.action) > MAX_ACTION_CHARS:  # the HTTP routes' limit, before any work
+                await _abort(
+                    context,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"action: at most {MAX_ACTION_CHARS} characters, not {len(request.action)}",
+                )
             return step_reply(await self.manager.step(request.episode_id, request.action))
 
         return await self._guard(context, run)
@@ -181,7 +190,8 @@ def create_grpc_server(manager: EpisodeManager, address: str) -> tuple[grpc.aio.
 
     Call `await server.start()` to serve.
     """
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    # Messages are capped like HTTP bodies (gRPC's own default is 4 MiB).
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_BODY_BYTES)])
     env_pb2_grpc.add_EnvServiceServicer_to_server(EnvServicer(manager), server)
     port = server.add_insecure_port(address)
     if port == 0:

@@ -1,9 +1,14 @@
 """Live episodes of one environment kind, shared by the HTTP and gRPC front ends.
 
-The manager owns the bounds: a cap on live episodes, an idle timeout, a per-step timeout, and a
-thread pool so that CPU-bound environment code never runs on the event loop. An exception inside
-an episode (or a step that outlives its timeout) ends *that* episode as failed, with the reason;
-the service and every other episode carry on.
+The manager owns the bounds: a cap on live episodes, an idle timeout (and a shorter one for episodes
+opened and never stepped), a per-step timeout, and a thread pool so that CPU-bound environment code
+never runs on the event loop. An exception inside an episode (or a step that outlives its timeout)
+ends *that* episode as failed, with the reason; the service and every other episode carry on.
+
+Closing an episode while a call on it runs (a step, a reset) takes it out of the table at once (its
+id is unknown from then on, its place under the cap is free) but closes its environment only when
+that call is done with it: environments are not thread-safe, and closing one under a running step
+would make the step fail. That call is answered with `EpisodeClosedError` (409), not as a failure.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
@@ -51,6 +56,13 @@ class EpisodeStateError(RuntimeError):
     """The episode exists but cannot take this call (no task yet, already done, or failed)."""
 
 
+class EpisodeClosedError(EpisodeStateError):
+    """The episode was closed while this call waited for it or ran on it; the call's outcome is discarded."""
+
+    def __init__(self, episode_id: str) -> None:
+        super().__init__(f"episode {episode_id!r} was closed while this call was in flight; its outcome is discarded")
+
+
 class EnvironmentCrashError(RuntimeError):
     """The environment raised while resetting; the episode is discarded."""
 
@@ -59,6 +71,11 @@ class EnvironmentCrashError(RuntimeError):
 class ManagerConfig:
     max_episodes: int = 256
     idle_timeout_s: float = 600.0
+    # An episode opened (or reset) and never stepped holds a place under the cap for nothing: a client
+    # that died right after creating it, or a fuzzer. It is reaped after this (the idle timeout if
+    # shorter). Real clients step within seconds of opening: the rollout worker's first step waits for
+    # one sampled reply only.
+    never_stepped_timeout_s: float = 60.0
     step_timeout_s: float = 30.0
     reset_timeout_s: float = 120.0
     worker_threads: int = field(default_factory=lambda: min(32, 4 * (os.cpu_count() or 1)))
@@ -78,6 +95,8 @@ class Episode:
     score: float = 0.0
     observation: str = ""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    stepped: bool = False  # a step was ever taken (the never-stepped timeout no longer applies)
+    closed: bool = False  # out of the manager's table; the environment is closed by the last call using it
 
 
 class ServiceMetrics:
@@ -216,10 +235,17 @@ class EpisodeManager:
     async def reset(self, episode_id: str, task_id: str) -> ResetResult:
         episode = self.get(episode_id)
         self.catalog.describe(task_id)
-        async with episode.lock:
+        async with self._holding(episode):
             if episode.status == "failed":
                 # The old instance crashed: give the episode a fresh one.
-                episode.env = await self._in_thread(self._factory, self.config.reset_timeout_s)
+                try:
+                    fresh = await self._in_thread(self._factory, self.config.reset_timeout_s)
+                except Exception as error:
+                    raise EnvironmentCrashError(
+                        f"could not start a {self.environment} instance: {_describe(error)}"
+                    ) from error
+                episode.env = fresh
+                self._check_open(episode)
             episode.status = "running"
             try:
                 result = await self._in_thread(lambda: episode.env.reset(task_id), self.config.reset_timeout_s)
@@ -228,9 +254,11 @@ class EpisodeManager:
                 self.metrics.rejected.labels(self.environment, "busy").inc()
                 raise CapacityError(message=f"{self.environment} is busy: {error}") from error
             except Exception as error:
+                self._check_open(episode)  # closed meanwhile: that is why it failed, not the environment
                 reason = f"reset of {task_id!r} failed: {_describe(error)}"
                 self._fail(episode, reason, error)
                 raise EnvironmentCrashError(reason) from error
+            self._check_open(episode)
             episode.task_id = task_id
             episode.steps = 0
             episode.score = 0.0
@@ -242,12 +270,14 @@ class EpisodeManager:
     async def step(self, episode_id: str, action: str) -> StepResult:
         """One action. An environment crash or timeout returns a final failed StepResult."""
         episode = self.get(episode_id)
-        async with episode.lock:
+        async with self._holding(episode):
             self._check_steppable(episode)
+            episode.stepped = True
             started = time.perf_counter()
             try:
                 result = await self._in_thread(lambda: episode.env.step(action), self.config.step_timeout_s)
             except Exception as error:
+                self._check_open(episode)  # closed meanwhile: not an environment failure
                 reason = (
                     f"step timed out after {self.config.step_timeout_s:g}s"
                     if isinstance(error, TimeoutError)
@@ -263,6 +293,7 @@ class EpisodeManager:
                 )
             finally:
                 episode.last_used = time.monotonic()
+            self._check_open(episode)
             self.metrics.step_seconds.observe(time.perf_counter() - started)
             self.metrics.steps.inc()
             episode.steps += 1
@@ -279,18 +310,22 @@ class EpisodeManager:
 
     async def available_actions(self, episode_id: str) -> list[str] | None:
         episode = self.get(episode_id)
-        async with episode.lock:
+        async with self._holding(episode):
             if episode.task_id is None:
                 raise EpisodeStateError(f"episode {episode_id!r} has no task yet; reset it first")
             episode.last_used = time.monotonic()
-            return await self._in_thread(episode.env.available_actions, self.config.step_timeout_s)
+            actions = await self._in_thread(episode.env.available_actions, self.config.step_timeout_s)
+            self._check_open(episode)
+            return actions
 
     async def call(self, episode_id: str, fn: Callable[[Environment], T]) -> T:
         """Run an environment-specific method of an episode off the event loop (compat routes)."""
         episode = self.get(episode_id)
-        async with episode.lock:
+        async with self._holding(episode):
             episode.last_used = time.monotonic()
-            return await self._in_thread(lambda: fn(episode.env), self.config.step_timeout_s)
+            value = await self._in_thread(lambda: fn(episode.env), self.config.step_timeout_s)
+            self._check_open(episode)
+            return value
 
     async def close(self, episode_id: str) -> None:
         self.get(episode_id)
@@ -315,6 +350,34 @@ class EpisodeManager:
         }
 
     # -- internals -------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _holding(self, episode: Episode) -> AsyncIterator[None]:
+        """Hold the episode's lock for one call; if the episode is closed meanwhile, close its
+        environment once the call is done with it (`_discard` leaves that to the holder)."""
+        async with episode.lock:
+            try:
+                self._check_open(episode)
+                yield
+            finally:
+                if episode.closed:
+                    self._close_env(episode)
+
+    def _check_open(self, episode: Episode) -> None:
+        if episode.closed:
+            self.metrics.rejected.labels(self.environment, "closed").inc()
+            raise EpisodeClosedError(episode.episode_id)
+
+    def _close_env(self, episode: Episode) -> None:
+        """Close the episode's environment, once (later calls find the closed stand-in)."""
+        env = episode.env
+        if isinstance(env, _ClosedEnvironment):
+            return
+        episode.env = _ClosedEnvironment("the episode was closed")
+        if self._executor._shutdown:
+            _close_quietly(env)
+        else:
+            self._executor.submit(_close_quietly, env)
 
     def _check_steppable(self, episode: Episode) -> None:
         if episode.task_id is None:
@@ -345,24 +408,40 @@ class EpisodeManager:
         episode = self._episodes.pop(episode_id, None)
         if episode is None:
             return
+        episode.closed = True
         self.metrics.closed.labels(self.environment, reason).inc()
         self.metrics.live_episodes.set(len(self._episodes))
-        if self._executor._shutdown:
-            _close_quietly(episode.env)
-        else:
-            self._executor.submit(_close_quietly, episode.env)
+        if not episode.lock.locked():
+            self._close_env(episode)
+        # else a call holds the episode, maybe running in a worker thread: it closes the environment
+        # when it is done (`_holding`), and answers EpisodeClosedError.
+
+    def _never_stepped_timeout(self) -> float:
+        return min(self.config.never_stepped_timeout_s, self.config.idle_timeout_s)
 
     async def reap_idle(self) -> int:
-        """Close episodes idle past the timeout; returns how many."""
-        deadline = time.monotonic() - self.config.idle_timeout_s
-        stale = [e.episode_id for e in self._episodes.values() if e.last_used < deadline and not e.lock.locked()]
-        for episode_id in stale:
-            await self._discard(episode_id, reason="idle")
-        return len(stale)
+        """Close episodes idle past the idle timeout, or never stepped past the shorter timeout; how many."""
+        now = time.monotonic()
+        idle_deadline = now - self.config.idle_timeout_s
+        unstepped_deadline = now - self._never_stepped_timeout()
+        reaped = 0
+        for episode in list(self._episodes.values()):
+            if episode.lock.locked():
+                continue
+            if episode.last_used < idle_deadline:
+                reason = "idle"
+            elif not episode.stepped and episode.last_used < unstepped_deadline:
+                reason = "never_stepped"
+            else:
+                continue
+            await self._discard(episode.episode_id, reason=reason)
+            reaped += 1
+        return reaped
 
     async def _reap_forever(self) -> None:
+        shortest = self._never_stepped_timeout()
         while True:
-            await asyncio.sleep(min(self.config.reap_interval_s, max(self.config.idle_timeout_s / 4, 0.05)))
+            await asyncio.sleep(min(self.config.reap_interval_s, max(shortest / 4, 0.05)))
             try:
                 reaped = await self.reap_idle()
                 if reaped:
@@ -391,6 +470,12 @@ class _BrokenEnvironment(Environment):
 
     def observe(self) -> str:
         return f"The episode failed: {self.reason}"
+
+
+class _ClosedEnvironment(_BrokenEnvironment):
+    """Stands in for the environment of a closed episode (already closed, never closed twice)."""
+
+    name = "closed"
 
 
 def _close_quietly(env: Environment) -> None:

@@ -13,14 +13,15 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentgym.envs.base import UnknownTaskError
-from agentgym.envs.server.compat import CompatIds, ResetBody, StepBody, add_common_routes, answer
+from agentgym.envs.server.compat import CompatIds, ResetBody, StepBody, add_common_routes, answer, compat_errors
+from agentgym.envs.server.limits import ActionText, NameText
 from agentgym.envs.server.manager import EpisodeManager
 
 
 class CreateBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    commands: str | None = Field(default=None, description="Not supported: must be null")
-    goal: str | None = Field(default=None, description="Not supported: must be null")
+    commands: ActionText | None = Field(default=None, description="Not supported: must be null")
+    goal: NameText | None = Field(default=None, description="Not supported: must be null")
 
 
 def build_router(manager: EpisodeManager, ids: CompatIds) -> APIRouter:
@@ -34,7 +35,7 @@ def build_router(manager: EpisodeManager, ids: CompatIds) -> APIRouter:
 
     add_common_routes(router, manager, ids, "This is environment TextCraft.")
 
-    @router.post("/create")
+    @router.post("/create", responses=compat_errors(404, 413, 429, 500))
     async def create(body: CreateBody | None = None) -> Any:
         async def run() -> Any:
             if body is not None and (body.commands or body.goal):
@@ -47,7 +48,7 @@ def build_router(manager: EpisodeManager, ids: CompatIds) -> APIRouter:
 
         return await answer(run)
 
-    @router.post("/step")
+    @router.post("/step", responses=compat_errors(404, 409, 413))
     async def step(body: StepBody) -> Any:
         async def run() -> Any:
             result = await manager.step(ids.episode_id(body.id), body.action)
@@ -55,7 +56,7 @@ def build_router(manager: EpisodeManager, ids: CompatIds) -> APIRouter:
 
         return await answer(run)
 
-    @router.post("/reset")
+    @router.post("/reset", responses=compat_errors(404, 409, 413, 429, 500))
     async def reset(body: ResetBody) -> Any:
         async def run() -> Any:
             first = await manager.reset(ids.episode_id(body.id), goal_task(body.data_idx))

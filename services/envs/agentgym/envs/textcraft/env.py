@@ -19,6 +19,11 @@ Actions and answers (ADaPT's wording):
   dark oak logs`` crafts 8); a tag ingredient (``planks``) takes any one kind (``oak planks``);
   the number before the output is informational, as in ADaPT: the amount crafted follows from
   the ingredients and is reported;
+* what the agent holds can be named as it is held: a name that is not an item is read as its
+  singular or plural (``oak plank`` -> ``oak planks``), and where a recipe takes a group of
+  Minecraft items that the recipe data spells as one item (``1 oak logs``: any oak log or wood),
+  a held member counts for it, named either way (``using 1 oak logs`` or ``using 1 oak log`` after
+  ``get 1 oak log``); naming the group draws on any member held, the named item first;
 * ``inventory`` -> ``Inventory: [dark oak planks] (4) [stick] (4)``.
 
 Crafting the goal gives reward 1 and ends the episode (score 1, else 0). Text that is not one of
@@ -105,8 +110,9 @@ class TextCraftEnv(Environment):
         elif isinstance(parsed, Inventory):
             observation = self._describe_inventory()
         elif isinstance(parsed, Get):
-            observation = self._get(parsed)
+            observation = self._get(Get(parsed.count, self._book.resolve(parsed.item)))
         else:
+            parsed = self._resolved(parsed)
             try:
                 observation = self._craft(parsed)
             except _CraftFailed as failure:
@@ -157,7 +163,7 @@ class TextCraftEnv(Environment):
         if zero:
             raise _CraftFailed(f"{target}: ingredient amounts must be at least 1 ({display_name(zero[0])}).")
 
-        chosen: tuple[Recipe, int] | None = None
+        chosen: tuple[Recipe, int, list[tuple[Ingredient, int]]] | None = None
         same_ingredients = False
         for recipe in recipes:
             pairing = _pair(book, recipe.ingredients, action.ingredients)
@@ -166,7 +172,7 @@ class TextCraftEnv(Environment):
             same_ingredients = True
             batches = _batches(pairing)
             if batches is not None:
-                chosen = (recipe, batches)
+                chosen = (recipe, batches, pairing)
                 break
         if chosen is None:
             if same_ingredients:
@@ -177,31 +183,56 @@ class TextCraftEnv(Environment):
             listed = ", ".join(f"{count} {display_name(name)}" for name, count in action.ingredients)
             raise _CraftFailed(f"{target} using {listed}: no recipe makes it from these ingredients.")
 
-        recipe, batches = chosen
+        recipe, batches, pairing = chosen
         for name, _ in action.ingredients:
             if book.is_tag(name):
                 raise _CraftFailed(
                     f"Could not find enough items to craft {output}: {display_name(name)} names a group of "
                     f"items; use a specific one, e.g. {display_name(book.members(name)[0])}."
                 )
-        for name, count in action.ingredients:
-            have = self._inventory.get(name, 0)
+        # Take each ingredient from what it may be drawn from, on a copy: all or nothing.
+        left = dict(self._inventory)
+        for (name, count), (ingredient, _) in zip(action.ingredients, pairing, strict=True):
+            pool = self._pool(name, ingredient)
+            have = sum(left.get(item, 0) for item in pool)
             if have < count:
                 raise _CraftFailed(
                     f"Could not find enough items to craft {output}: "
                     f"{count} {display_name(name)} needed, {have} in the inventory."
                 )
-        for name, count in action.ingredients:
-            left = self._inventory[name] - count
-            if left:
-                self._inventory[name] = left
-            else:
-                del self._inventory[name]
+            needed = count
+            for item in pool:
+                taken = min(needed, left.get(item, 0))
+                if taken:
+                    left[item] -= taken
+                    needed -= taken
+                if not needed:
+                    break
+        self._inventory = {item: count for item, count in left.items() if count}
         made = recipe.count * batches
         self._inventory[output] = self._inventory.get(output, 0) + made
         return f"Crafted {made} {output}"
 
     # -- helpers ------------------------------------------------------------------------------
+
+    def _resolved(self, action: Craft) -> Craft:
+        """`action` with each name as the recipes spell it (singular/plural), duplicates summed."""
+        resolve = self._book.resolve
+        ingredients: dict[str, int] = {}
+        for name, count in action.ingredients:
+            known = resolve(name)
+            ingredients[known] = ingredients.get(known, 0) + count
+        return Craft(action.count, resolve(action.item), tuple(ingredients.items()))
+
+    def _pool(self, name: str, ingredient: Ingredient) -> list[str]:
+        """The held items an ingredient written as `name` may be taken from, in order: `name` itself,
+        then (for a group spelled as an item, such as oak logs) the group's other members held."""
+        if ingredient.is_tag:
+            return [name]  # a member of a real tag (oak planks for planks), named as such
+        book = self._book
+        accepted = {ingredient.name, *book.stand_ins(ingredient.name)}
+        pool = dict.fromkeys([name, *book.stand_ins(name), ingredient.name])
+        return [item for item in pool if item in accepted]
 
     def _require_episode(self) -> None:
         if self._task_id is None:
@@ -232,7 +263,9 @@ def _pair(
     pairs: list[tuple[Ingredient, int]] = []
 
     def fits(ingredient: Ingredient, name: str) -> bool:
-        return book.matches(ingredient, name) or (ingredient.is_tag and ingredient.name == name)
+        if ingredient.is_tag:
+            return book.matches(ingredient, name) or ingredient.name == name
+        return name == ingredient.name or name in book.stand_ins(ingredient.name)
 
     def assign(position: int) -> bool:
         if position == len(given):

@@ -18,7 +18,9 @@ depths match the published environment:
   recipes already kept is dropped (``iron_ingot`` from nuggets is kept, ``iron_nugget`` from an
   ingot is dropped);
 * an ingredient tag none of whose members has a kept recipe (``minecraft:oak_logs``) is treated as
-  a plain base item, fetched under the tag's name ("oak logs");
+  a plain base item, fetched under the tag's name ("oak logs"). The recipe files do not list such a
+  tag's members, so Minecraft's own item tags say which items can stand in for it
+  (`VANILLA_ITEM_TAGS`: an ``oak log`` or ``oak wood`` for ``oak logs``, any of those for ``logs``);
 * the depth of a base item is 0, of a recipe 1 + the deepest ingredient, of an item or tag the
   shallowest of its recipes. Every item with a kept recipe is a goal: 544 items of depth 1-4.
 """
@@ -54,6 +56,47 @@ def item_id(text: str) -> str:
     if bare.startswith(MINECRAFT):
         bare = bare[len(MINECRAFT) :]
     return MINECRAFT + "_".join(bare.replace("_", " ").split())
+
+
+_WOODS = ("oak", "spruce", "birch", "jungle", "acacia", "dark_oak")
+_STEMS = ("crimson", "warped")
+
+
+def _vanilla_item_tags() -> dict[str, tuple[str, ...]]:
+    """Minecraft 1.16's item tags (data/minecraft/tags/items) for the tags the recipes take as ingredients
+    without a crafted member; ``#name`` includes another tag."""
+    tags: dict[str, tuple[str, ...]] = {}
+    for wood in _WOODS:
+        tags[f"{wood}_logs"] = (f"{wood}_log", f"{wood}_wood", f"stripped_{wood}_log", f"stripped_{wood}_wood")
+    for stem in _STEMS:
+        tags[f"{stem}_stems"] = (f"{stem}_stem", f"stripped_{stem}_stem", f"{stem}_hyphae", f"stripped_{stem}_hyphae")
+    tags["logs_that_burn"] = tuple(f"#{wood}_logs" for wood in _WOODS)
+    tags["logs"] = ("#logs_that_burn", *(f"#{stem}_stems" for stem in _STEMS))
+    tags["coals"] = ("coal", "charcoal")
+    tags["stone_crafting_materials"] = ("cobblestone", "blackstone")
+    tags["stone_tool_materials"] = ("cobblestone", "blackstone")
+    tags["soul_fire_base_blocks"] = ("soul_sand", "soul_soil")
+    tags["wooden_slabs"] = tuple(f"{wood}_slab" for wood in (*_WOODS, *_STEMS))
+    return {
+        MINECRAFT + tag: tuple(MINECRAFT + m if m[0] != "#" else "#" + MINECRAFT + m[1:] for m in members)
+        for tag, members in tags.items()
+    }
+
+
+VANILLA_ITEM_TAGS: Mapping[str, tuple[str, ...]] = MappingProxyType(_vanilla_item_tags())
+
+
+def _expand(tag: str, seen: frozenset[str] = frozenset()) -> list[str]:
+    """A vanilla tag's members, nested tags included both as names and through their members."""
+    members: list[str] = []
+    for member in VANILLA_ITEM_TAGS.get(tag, ()):
+        if member.startswith("#"):
+            inner = member[1:]
+            if inner not in seen:
+                members += [inner, *_expand(inner, seen | {tag})]
+        else:
+            members.append(member)
+    return members
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +143,7 @@ class RecipeBook:
         items: Iterable[str],
         tags: Iterable[str],
         item_tags: Mapping[str, str],
+        plain_tags: Iterable[str] = (),
     ) -> None:
         by_item: dict[str, list[Recipe]] = {}
         by_tag: dict[str, list[Recipe]] = {}
@@ -122,6 +166,13 @@ class RecipeBook:
             members.setdefault(tag, []).append(item)
         self._members: Mapping[str, tuple[str, ...]] = MappingProxyType({k: tuple(v) for k, v in members.items()})
         self._depths: Mapping[str, int] = MappingProxyType(self._compute_depths())
+        # Tags turned into plain items (``oak logs``): which held items can be used in their place.
+        stand_ins: dict[str, tuple[str, ...]] = {}
+        for plain in plain_tags:
+            known = [m for m in dict.fromkeys(_expand(plain)) if m in self._items and m != plain]
+            if known:
+                stand_ins[plain] = tuple(known)
+        self._stand_ins: Mapping[str, tuple[str, ...]] = MappingProxyType(stand_ins)
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -165,6 +216,27 @@ class RecipeBook:
         if ingredient.is_tag:
             return self._item_tags.get(item) == ingredient.name
         return item == ingredient.name
+
+    def stand_ins(self, name: str) -> tuple[str, ...]:
+        """Items that can be used where the recipes take item `name`, besides itself: for a tag the
+        recipes treat as a plain item (``oak logs``), the items of Minecraft's tag (``oak log``, ``oak
+        wood``, ...); empty for every other name."""
+        return self._stand_ins.get(name, ())
+
+    def resolve(self, name: str) -> str:
+        """An item or tag id as the recipes spell it: `name` itself when it is an item; else its singular or
+        plural when that is one (``oak plank`` -> ``oak planks``), or a tag's only spelling as an item of
+        it (``sticks``, the group of stick recipes -> ``stick``); else `name` unchanged (a tag or unknown)."""
+        if name in self._items:
+            return name
+        twins = [name + "s", name + "es"]
+        if name.endswith("es"):
+            twins.append(name[:-2])
+        if name.endswith("s"):
+            twins.append(name[:-1])
+        if name in self._tags:
+            return next((t for t in twins if self._item_tags.get(t) == name), name)
+        return next((t for t in twins if t in self._items or t in self._tags), name)
 
     def depth(self, name: str) -> int:
         """Minimum crafting depth (0 for base items and unknown names)."""
@@ -253,7 +325,7 @@ class RecipeBook:
             )
             for raw in kept
         ]
-        return cls(recipes, items, tags, item_tags)
+        return cls(recipes, items, tags, item_tags, plain_tags=plain)
 
 
 def _ingredient_name(entry: Any, source: str) -> tuple[str, bool]:
