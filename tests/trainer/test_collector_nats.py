@@ -208,3 +208,68 @@ async def test_undecodable_message_is_terminated(connect: Connect) -> None:
     info = await consumer(js, channels)
     assert info.num_ack_pending == 0
     await collector.close()
+
+
+async def test_infrastructure_failures_are_rerequested_and_their_retries_complete_the_group(connect: Connect) -> None:
+    """An episode that the platform ended (TERMINATION_ERROR) is asked for again, not trained on; the retry
+    fills its place in the group. Past ``max_rerequests`` it is kept as a failed member (the trainer leaves
+    those out of the loss), so the group completes; the policy's failures stay data."""
+    client = await connect()
+    js = client.jetstream()
+    channels = RunChannels("infra")
+    await ensure_run_streams(js, channels)
+    members = group("infra", 3, 0, 4, version=2)
+    members[1].termination = rl_pb2.TERMINATION_ERROR
+    members[1].termination_reason = "environment service unreachable: ClientConnectorError"
+    members[2].termination = rl_pb2.TERMINATION_HORIZON  # the policy's own failure: data
+    members[2].success = False
+    asked: list[tuple[str, int]] = []
+
+    async def rerequest(trajectory: rl_pb2.Trajectory, attempt: int) -> None:
+        asked.append((trajectory.trajectory_id, attempt))
+        retry = rl_pb2.Trajectory()
+        retry.CopyFrom(trajectory)
+        retry.trajectory_id = retry.request_id = f"{members[1].trajectory_id}/retry{attempt}"
+        # The first retry fails again, the second plays through.
+        retry.termination = rl_pb2.TERMINATION_ERROR if attempt == 1 else rl_pb2.TERMINATION_DONE
+        await publish(js, channels, [retry])
+
+    collector = TrajectoryCollector(js, channels, group_size=4, ack_wait_s=30, rerequest=rerequest, max_rerequests=3)
+    await collector.start()
+    await publish(js, channels, members)
+    batch = await collector.collect(n_groups=1, policy_version=2, timeout_s=10)
+    assert asked == [(members[1].trajectory_id, 1), (f"{members[1].trajectory_id}/retry1", 2)]
+    ids = [t.trajectory_id for t in batch.trajectories]
+    assert ids == [
+        members[0].trajectory_id,
+        f"{members[1].trajectory_id}/retry2",
+        *(m.trajectory_id for m in members[2:]),
+    ]
+    assert all(t.termination != rl_pb2.TERMINATION_ERROR for t in batch.trajectories)
+    assert batch.counts["infra_rerequested"] == 2 and "infra_gave_up" not in batch.counts
+    assert await collector.commit() == 6  # the four used and the two failed ones: none redelivered
+    await collector.close()
+
+    # Past the cap, the failed episode is a member as it is: its group completes.
+    capped_channels = RunChannels("infra-cap")
+    await ensure_run_streams(js, capped_channels)
+    capped = group("infra-cap", 4, 1, 2, version=2)
+    capped[0].trajectory_id = capped[0].request_id = "infra-cap/4/1/0/retry3"
+    capped[0].termination = rl_pb2.TERMINATION_ERROR
+    collector = TrajectoryCollector(
+        js, capped_channels, group_size=2, ack_wait_s=30, rerequest=rerequest, max_rerequests=3
+    )
+    await collector.start()
+    asked.clear()
+    await publish(js, capped_channels, capped)
+    batch = await collector.collect(n_groups=1, policy_version=2, timeout_s=5)
+    assert asked == [] and batch.counts["infra_gave_up"] == 1 and not batch.timed_out
+    assert [t.trajectory_id for t in batch.trajectories] == [capped[0].trajectory_id, capped[1].trajectory_id]
+    await collector.close()
+
+
+def test_rerequest_ids_count_their_attempts() -> None:
+    from agentgym.trainer.collector import original_request_id, rerequest_attempt
+
+    assert rerequest_attempt("run/3/0/1") == 0 and original_request_id("run/3/0/1") == "run/3/0/1"
+    assert rerequest_attempt("run/3/0/1/retry2") == 2 and original_request_id("run/3/0/1/retry2") == "run/3/0/1"

@@ -22,6 +22,15 @@
   ``incomplete_groups_used``) to fill the batch; smaller ones stay buffered (their missing members
   may still come) until they complete or turn stale. A batch may hence be short, or empty when
   nothing usable arrived.
+* **Infrastructure faults are re-requested, not trained on.** A trajectory that ended in
+  ``TERMINATION_ERROR`` (an environment service or inference that died or timed out, an environment that
+  raised: the platform's fault, not the policy's) is dropped, its message acked at the next commit, and
+  ``rerequest(trajectory, attempt)`` asks for the same episode again as ``<request id>/retry<attempt>``
+  (the loop waits 2, 4, 8, ... s first: a restarting service needs that long), up to ``max_rerequests``
+  times. Past that the failed trajectory takes its place in the group as any failed episode does (the
+  trainer leaves it out of the loss), so one dead part cannot stall the step. Counted as
+  ``infra_rerequested`` and ``infra_gave_up``. The policy's own failures (invalid actions, the horizon,
+  the context limit) are data as before.
 * Undecodable messages are terminated (``term``) at once: redelivering them cannot help.
 """
 
@@ -31,6 +40,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from nats.aio.msg import Msg
@@ -44,7 +54,7 @@ from agentgym.trainer.checkpoint import RecentIds
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CollectedBatch", "TrajectoryCollector"]
+__all__ = ["CollectedBatch", "TrajectoryCollector", "original_request_id", "rerequest_attempt"]
 
 
 @dataclass
@@ -52,7 +62,8 @@ class CollectedBatch:
     """Trajectories of whole groups for one step, and what was dropped while collecting them.
 
     ``counts`` (during this collect): ``messages`` decoded, ``duplicates_dropped``, ``stale_dropped``,
-    ``stale_groups_dropped``, ``undecodable``, ``incomplete_groups_used``.
+    ``stale_groups_dropped``, ``undecodable``, ``incomplete_groups_used``, ``infra_rerequested``,
+    ``infra_gave_up``.
     """
 
     trajectories: list[rl_pb2.Trajectory] = field(default_factory=list)
@@ -72,6 +83,19 @@ class _Group:
         return min(t.policy_version for t, _ in self.members.values())
 
 
+RETRY_SUFFIX = "/retry"
+
+
+def rerequest_attempt(request_id: str) -> int:
+    """How many times the episode of ``request_id`` was re-requested before: ``…/retry2`` -> 2, ``…/3`` -> 0."""
+    _, sep, tail = request_id.rpartition(RETRY_SUFFIX)
+    return int(tail) if sep and tail.isdigit() else 0
+
+
+def original_request_id(request_id: str) -> str:
+    return request_id.rpartition(RETRY_SUFFIX)[0] if rerequest_attempt(request_id) else request_id
+
+
 class TrajectoryCollector:
     """See the module docstring. ``await start()``, then ``collect`` / ``commit`` per step, ``close`` at the end."""
 
@@ -89,6 +113,8 @@ class TrajectoryCollector:
         min_group_size: int = 2,
         fetch_batch: int = 64,
         max_ack_pending: int = 65536,
+        rerequest: Callable[[rl_pb2.Trajectory, int], Awaitable[None]] | None = None,
+        max_rerequests: int = 5,
     ) -> None:
         if group_size < 1 or min_group_size < 1:
             raise ValueError("group_size and min_group_size must be >= 1")
@@ -103,6 +129,8 @@ class TrajectoryCollector:
         self.min_group_size = min_group_size
         self.fetch_batch = fetch_batch
         self.max_ack_pending = max_ack_pending
+        self.rerequest = rerequest
+        self.max_rerequests = max_rerequests
         self._subscription: JetStreamContext.PullSubscription | None = None
         self._held: dict[int, Msg] = {}  # stream sequence -> latest delivery, until acked
         self._consumed: list[int] = []  # sequences to ack at the next commit
@@ -210,6 +238,25 @@ class TrajectoryCollector:
             self._uncommitted_ids.append(tid)
             self._count("stale_dropped")
             return
+        attempt = rerequest_attempt(tid) + 1
+        if trajectory.termination == rl_pb2.TERMINATION_ERROR and self.rerequest is not None:
+            if attempt > self.max_rerequests:
+                self._count("infra_gave_up")
+                log.warning("%s failed %d times (%s): kept as failed", tid, attempt, trajectory.termination_reason)
+                self._add_to_group(trajectory, tid, seq)
+                return
+            self._consume(seq)
+            self._pending_ids.add(tid)
+            self._uncommitted_ids.append(tid)
+            self._count("infra_rerequested")
+            log.info("re-requesting %s: %s", tid, trajectory.termination_reason)
+            task = asyncio.ensure_future(self.rerequest(trajectory, attempt))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            return
+        self._add_to_group(trajectory, tid, seq)
+
+    def _add_to_group(self, trajectory: rl_pb2.Trajectory, tid: str, seq: int) -> None:
         self._pending_ids.add(tid)
         gid = trajectory.group_id or tid
         group = self._groups.setdefault(gid, _Group(first_seen=time.monotonic()))

@@ -48,7 +48,9 @@ T = TypeVar("T")
 COMMAND_TIMEOUT = datetime.timedelta(days=7)
 
 # The trainer methods rank 0 may announce; a follower calls nothing else.
-FOLLOWED_CALLS = frozenset({"maybe_resume", "sft", "train_step", "save_checkpoint", "export_weights"})
+FOLLOWED_CALLS = frozenset(
+    {"maybe_resume", "renumber_policy", "sft", "train_step", "save_checkpoint", "export_weights"}
+)
 
 
 @dataclass

@@ -30,7 +30,8 @@ from typing import Any
 import nats
 from opentelemetry import trace
 
-from agentgym.messaging import RunChannels, ensure_run_streams
+from agentgym.messaging import RunChannels, decode_message, ensure_run_streams
+from agentgym.proto import rl_pb2
 from agentgym.trainer.collector import CollectedBatch, TrajectoryCollector
 from agentgym.trainer.config import RLTrainerConfig
 from agentgym.trainer.publisher import RequestPublisher, publish_curriculum, publish_weight_update
@@ -68,6 +69,17 @@ def build_warmup_examples(config: RLTrainerConfig, tokenizer: Any) -> list[SFTEx
     if not examples:
         raise RuntimeError("no expert demonstration could be built for the SFT warm-up")
     return examples
+
+
+async def last_published_version(js: Any, channels: RunChannels) -> int | None:
+    """The version of the run's last WeightUpdate on its control stream (None before the first)."""
+    from nats.js.errors import NotFoundError
+
+    try:
+        message = await js.get_last_msg(channels.control_stream, channels.weights_subject)
+    except NotFoundError:
+        return None
+    return int(decode_message(message.data or b"", rl_pb2.WeightUpdate).version)
 
 
 def _on_all_ranks(trainer: RLTrainer, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -153,6 +165,18 @@ async def _lead(
     js = nc.jetstream()
     channels = RunChannels(config.run)
     await ensure_run_streams(js, channels)
+    if resumed is not None:
+        last_version = await last_published_version(js, channels)
+        if last_version is not None and last_version > trainer.policy_version:
+            log.info("versions up to %d were published after this checkpoint: it serves as the next", last_version)
+            await asyncio.to_thread(_on_all_ranks, trainer, "renumber_policy", last_version + 1)
+    publisher = RequestPublisher(config, js, channels, catalogs=catalogs)
+
+    async def rerequest(trajectory: rl_pb2.Trajectory, attempt: int) -> None:
+        # Back off first: the part that failed is likely restarting (inference takes ~20 s on 2 cores).
+        await asyncio.sleep(min(2.0**attempt, 30.0))
+        await publisher.rerequest(trajectory, attempt, horizon=trainer.horizon)
+
     collector = TrajectoryCollector(
         js,
         channels,
@@ -161,9 +185,9 @@ async def _lead(
         seen=trainer.seen_ids,
         ack_wait_s=config.ack_wait_s,
         min_group_size=config.min_group_size,
+        rerequest=rerequest,
     )
     await collector.start()
-    publisher = RequestPublisher(config, js, channels, catalogs=catalogs)
     try:
         if config.sft_warmup_steps > 0 and not trainer.sft_done and trainer.step == 0:
             with tracer.start_as_current_span("sft_warmup"):

@@ -121,6 +121,33 @@ class MetricsSink:
     def tensorboard_enabled(self) -> bool:
         return self._writer is not None
 
+    def forget_from(self, step: int, *, sft_committed: bool) -> int:
+        """Drop the ``metrics.jsonl`` lines a resumed trainer will write again; returns how many.
+
+        A trainer resumes from its last checkpoint: the RL steps ``>= step`` were trained but never committed
+        (their trajectories unacked, their weights unsaved), and so was an SFT warm-up without a checkpoint
+        (``sft_committed`` False); their lines go, so each step, and each warm-up step, has one line."""
+        if not self.jsonl_path.exists():
+            return 0
+        kept, dropped = [], 0
+        for line in self.jsonl_path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+                line_step = int(record["step"])
+            except (ValueError, KeyError, TypeError):
+                kept.append(line)  # not ours to judge: kept as it was
+                continue
+            warm_up = any(str(key).startswith("sft/") for key in record)
+            if (not sft_committed) if warm_up else line_step >= step:
+                dropped += 1
+            else:
+                kept.append(line)
+        if dropped:
+            temporary = self.jsonl_path.with_suffix(".tmp")
+            temporary.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+            temporary.replace(self.jsonl_path)
+        return dropped
+
     def write(self, step: int, record: Mapping[str, Any]) -> None:
         """Write one step. ``record`` may nest ``{"env": {"all": {...}, "babyai": {...}}}`` and flat floats."""
         flat = flatten_metrics(record)

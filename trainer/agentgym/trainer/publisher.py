@@ -165,6 +165,36 @@ class RequestPublisher:
             await publish_message(self.js, self.channels.requests_subject, request, msg_id=request.request_id)
         return requests
 
+    async def rerequest(self, trajectory: rl_pb2.Trajectory, attempt: int, horizon: int) -> rl_pb2.RolloutRequest:
+        """Ask again for the episode an infrastructure fault ended: the same task, group, sample, seed, horizon
+        and policy version as its request, as ``<request id>/retry<attempt>``."""
+        from agentgym.trainer.collector import RETRY_SUFFIX, original_request_id
+
+        if self.js is None:
+            raise RuntimeError("RequestPublisher needs a JetStream context to publish")
+        original = original_request_id(trajectory.request_id or trajectory.trajectory_id)
+        parts = original.rsplit("/", 2)  # "{run}/{step}/{k}/{sample}": the run may hold no "/"
+        k, sample = int(parts[-2]), int(parts[-1])
+        c = self.config
+        request = rl_pb2.RolloutRequest(
+            run=c.run,
+            request_id=f"{original}{RETRY_SUFFIX}{attempt}",
+            step=int(trajectory.step),
+            environment=trajectory.environment,
+            task_id=trajectory.task_id,
+            group_id=trajectory.group_id,
+            sample_index=sample,
+            group_size=c.group_size,
+            max_turns=int(trajectory.horizon) or horizon,  # the horizon it was asked with
+            policy_version=int(trajectory.policy_version),
+            max_tokens_per_turn=c.max_tokens_per_turn,
+            temperature=c.temperature,
+            top_p=c.top_p,
+            seed=derive_seed(c.seed, c.run, int(trajectory.step), k, sample),
+        )
+        await publish_message(self.js, self.channels.requests_subject, request, msg_id=request.request_id)
+        return request
+
 
 def weight_update_message(run: str, version: int, path: str | Path, step: int) -> rl_pb2.WeightUpdate:
     uri = f"file://{Path(path).resolve()}"  # not as_uri(): readers strip "file://" without unquoting

@@ -1221,12 +1221,23 @@ class RLTrainer:
         self._policy_dir = path
         return path
 
+    def renumber_policy(self, version: int) -> None:
+        """Give the current weights a higher policy version: after a resume from a checkpoint older than the
+        last version published (weights-only exports since then were lost with the process), so versions only
+        go up and no server or status takes the checkpoint's weights for an older or a lost policy."""
+        if version < self.policy_version:
+            raise ValueError(f"policy versions only go up: {version} < {self.policy_version}")
+        self.policy_version = version
+
     def maybe_resume(self, directory: str | Path | None = None) -> Path | None:
         """Load the newest checkpoint under ``directory`` (default: the run's) if there is one."""
         root = Path(directory) if directory is not None else self.config.checkpoint_dir
-        if latest_checkpoint(root) is None:
-            return None
-        return self.load_checkpoint(root)
+        loaded = self.load_checkpoint(root) if latest_checkpoint(root) is not None else None
+        if self.sink is not None:  # what an earlier process trained after its last checkpoint is trained again
+            dropped = self.sink.forget_from(self.step, sft_committed=self.sft_done)
+            if dropped:
+                log.info("at step %d: dropped %d metrics lines of uncommitted steps", self.step, dropped)
+        return loaded
 
     def close(self) -> None:
         if self.sink is not None:

@@ -52,7 +52,9 @@ class WorkerConfig:
     concurrency: int = 32
     # On-policy: an episode starts only once inference serves at least the request's policy version.
     version_wait_s: float = 600.0
-    ack_wait_s: float = 120.0
+    # Episodes in play are kept alive by in-progress heartbeats (every ack_wait / 3), so ack_wait bounds only how
+    # long the requests of a worker that died wait before another worker gets them.
+    ack_wait_s: float = 30.0
     shutdown_grace_s: float = 10.0
     durable: str = "rollout-workers"
     settings: EpisodeSettings = field(default_factory=EpisodeSettings)
