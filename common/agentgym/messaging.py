@@ -66,10 +66,15 @@ class EmbeddedNats:
     def url(self) -> str:
         return f"nats://{self.host}:{self.port}"
 
-    def start(self, timeout: float = 10.0) -> str:
+    @property
+    def health_url(self) -> str:
+        return f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
+
+    def argv(self) -> list[str]:
+        """The server's command line: the same ports and store on every start, so a restarted server has the
+        streams, their messages and the durable consumers of the one that died, at the address clients know."""
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        log_path = self.store_dir / "nats-server.log"
-        args = [
+        return [
             nats_server_binary(),
             "-js",
             "-a",
@@ -81,11 +86,15 @@ class EmbeddedNats:
             "-sd",
             str(self.store_dir),
             "-l",
-            str(log_path),
+            str(self.store_dir / "nats-server.log"),
         ]
+
+    def start(self, timeout: float = 10.0) -> str:
+        args = self.argv()
+        log_path = self.store_dir / "nats-server.log"
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout
-        health = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
+        health = self.health_url
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 err = self.process.stderr.read().decode() if self.process.stderr else ""

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import json
 import logging
 import os
@@ -56,7 +55,7 @@ from agentgym.operator.manifests import Checkpoint
 from agentgym.operator.weights import Replica, roller_for, sync_replicas
 from agentgym.plan import Placement, plan_run
 from agentgym.proto import rl_pb2
-from agentgym.spec import TrainingRun, TrainingRunStatus
+from agentgym.spec import Condition, TrainingRun, TrainingRunStatus
 
 log = logging.getLogger(__name__)
 PYTHON = sys.executable
@@ -65,11 +64,33 @@ LOG_LEVELS = {"env": "warning", "inference": "warning", "rollout": "warning", "t
 WEIGHT_ROLL_SECONDS = 120.0  # how long a weight roll retries a replica that cannot load (restarting, say)
 
 
+VLLM_PYTHON_ENV = "AGENTGYM_VLLM_PYTHON"
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+VLLM_READY_TIMEOUT_S = 600.0
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def vllm_python() -> Path:
+    """The interpreter of vLLM's own environment: `$AGENTGYM_VLLM_PYTHON`, else the repository's `.venv-vllm`
+    (`scripts/setup-vllm.sh`). vLLM pins its own transformers and friends, so it never shares this one."""
+    configured = os.environ.get(VLLM_PYTHON_ENV)
+    return Path(configured) if configured else REPO_ROOT / ".venv-vllm" / "bin" / "python"
+
+
 def local_command(command: tuple[str, ...] | list[str]) -> list[str]:
-    """A plan's command on this machine: the images' `agentgym` and `python` are this interpreter."""
+    """A plan's command on this machine: the images' `agentgym` and `python` are this interpreter, except that
+    vLLM's server runs on vLLM's environment's (`vllm_python()`) and loads a builtin model from its cached folder
+    (the HF engine resolves `builtin:` names itself; vLLM cannot)."""
     head, *rest = command
     if head == "agentgym":
         return [*AGENTGYM, *rest]
+    if head == "python" and rest[:2] == ["-m", VLLM_SERVER_MODULE]:
+        if "--model" in rest and rest[rest.index("--model") + 1].startswith("builtin:"):
+            from agentgym.inference.models import resolve_model
+
+            at = rest.index("--model") + 1
+            rest[at] = str(resolve_model(rest[at]))
+        return [str(vllm_python()), *rest]
     if head == "python":
         return [PYTHON, *rest]
     return list(command)
@@ -91,7 +112,9 @@ def local_process_specs(run: TrainingRun, placement: Placement, telemetry_dir: P
             specs.append(ProcessSpec("trainer", argv, done_on_success=True, max_restarts=3, env=env))
         else:
             health = f"http://127.0.0.1:{component.port}{component.health_path}" if component.health_path else None
-            specs.append(ProcessSpec(component.name, argv, health, env=env))
+            # vLLM takes 40-150 s to come up on CPU (imports, profiling; longer on a busy machine).
+            ready = VLLM_READY_TIMEOUT_S if argv[0] == str(vllm_python()) else ProcessSpec.ready_timeout_s
+            specs.append(ProcessSpec(component.name, argv, health, env=env, ready_timeout_s=ready))
     return specs
 
 
@@ -214,6 +237,10 @@ class LocalRunner:
             log.error("%s", error)
             self._trainer_failure = str(error)[:2000]
             return 1
+        except Exception as error:  # the runner's own failure: the status must not say Running after it
+            log.exception("the local runner failed")
+            self._trainer_failure = f"the local runner failed: {type(error).__name__}: {error}"[:2000]
+            return 1
         finally:
             stop.set()
             if controller is not None:
@@ -247,6 +274,12 @@ class LocalRunner:
             job = JobState(succeeded=True)
         else:
             job = JobState(active=1 if trainer.process.poll() is None else 0)
+        # A part without a condition of its own (NATS, a rollout worker) that is down makes the run not Ready.
+        down = [
+            f"{name} is down (restarts: {managed.restarts})"
+            for name, managed in self.supervisor.processes.items()
+            if (name == "nats" or name.startswith("rollout")) and not managed.healthy and not managed.finished
+        ]
         status = self.status.status
         return Observed(
             environments={e.name: replicas(f"env-{e.name}") for e in self.spec.environments if e.url is None},
@@ -257,19 +290,28 @@ class LocalRunner:
             max_staleness=self.spec.rollout.max_staleness,
             suspended=self._interrupted,
             suspended_reason=("Interrupted", "stopped by the user; resume with --resume"),
+            problem=("ComponentDown", "; ".join(down)) if down and not self._interrupted else None,
         )
 
     def _refresh_status(self) -> None:
+        before = self._ready()
         self.status.observe(self.observed())
         self.status.save()
+        after = self._ready()
+        if after is not None and (before is None or (before.status, before.reason) != (after.status, after.reason)):
+            # Each change of Ready in events.jsonl, as Kubernetes records the run's events.
+            self.supervisor.event(
+                "condition", "runner", type="Ready", status=after.status, reason=after.reason, message=after.message
+            )
+
+    def _ready(self) -> Condition | None:
+        return next((c for c in self.status.status.conditions if c.type == "Ready"), None)
 
     def shutdown(self) -> None:
         # The trainer first (it may be checkpointing), then the producers and consumers, NATS last.
         order = ["trainer", *[n for n in self.supervisor.processes if n.startswith("rollout")], "inference"]
-        order += [n for n in self.supervisor.processes if n not in order]
-        self.supervisor.stop_all(order)
-        if self.nats is not None:
-            self.nats.stop()
+        order += [n for n in self.supervisor.processes if n not in order and n != "nats"]
+        self.supervisor.stop_all([*order, "nats"])
 
     def _on_event(self, event: dict[str, Any]) -> None:
         name = str(event["process"])
@@ -306,13 +348,23 @@ class LocalRunner:
         from agentgym.inference.models import resolve_model
 
         started = time.perf_counter()
-        if self.spec.inference.engine == "vllm" and importlib.util.find_spec("vllm") is None:
-            raise ProcessFailedError(
-                "inference.engine is vllm, and vLLM is not installed in this environment"
-                f" ({PYTHON}): use its environment, or set inference.engine: hf"
-            )
+        if self.spec.inference.engine == "vllm":
+            from agentgym.inference.vllm import cpu_attention_refusal
+
+            python = vllm_python()
+            if not python.exists():
+                raise ProcessFailedError(
+                    f"inference.engine is vllm, and there is no vLLM environment at {python}: run "
+                    f"scripts/setup-vllm.sh (make vllm), or point {VLLM_PYTHON_ENV} at a python with vllm installed,"
+                    " or set inference.engine: hf"
+                )
+            if self.spec.inference.gpus_per_replica == 0:
+                refusal = cpu_attention_refusal(resolve_model(self.spec.model.name))
+                if refusal is not None:
+                    raise ProcessFailedError(f"inference.engine is vllm on CPU: {refusal}")
+        # nats-server is one of the run's supervised processes: restarted on the same port and store if it dies.
         self.nats = EmbeddedNats(self.run_dir / "nats")
-        self.nats.start()
+        await self.supervisor.start(ProcessSpec("nats", self.nats.argv(), self.nats.health_url, max_restarts=10))
         nc = await nats.connect(self.nats.url)
         await ensure_run_streams(nc.jetstream(), self.channels)
         await nc.close()
@@ -359,20 +411,47 @@ class LocalRunner:
     async def _control_loop(self, stop: asyncio.Event) -> None:
         """Follow WeightUpdate/CurriculumState: roll weights to inference, reflect state into status."""
         assert self.nats is not None
-        nc = await nats.connect(self.nats.url, name="local-controller")
+        reconnected = asyncio.Event()
+
+        async def on_reconnect() -> None:
+            reconnected.set()
+
+        # Reconnects for as long as the run lasts: the supervisor brings a dead nats-server back.
+        nc = await nats.connect(
+            self.nats.url,
+            name="local-controller",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            reconnected_cb=on_reconnect,
+        )
         js = nc.jetstream()
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
         async def enqueue(message: Any) -> None:
             await queue.put(message)
 
-        # Ordered, ephemeral: on (re)start, the last message of each control subject is replayed.
-        config = ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
-        subscription = await js.subscribe(
-            f"{self.channels.prefix}.control.>", cb=enqueue, ordered_consumer=True, config=config
-        )
+        async def subscribe() -> Any:
+            # Ordered, ephemeral: on (re)subscribing, the last message of each control subject is replayed (what
+            # it repeats is idempotent: a served version is not loaded again, a step's status is the same).
+            config = ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
+            return await js.subscribe(
+                f"{self.channels.prefix}.control.>", cb=enqueue, ordered_consumer=True, config=config
+            )
+
+        subscription = await subscribe()
         try:
             while not stop.is_set():
+                if reconnected.is_set():  # a restarted server lost the ephemeral consumer: a new one
+                    reconnected.clear()
+                    with contextlib.suppress(Exception):
+                        await subscription.unsubscribe()
+                    try:
+                        subscription = await subscribe()
+                    except (nats.errors.Error, TimeoutError) as error:
+                        log.warning("controller: resubscribing after NATS came back failed (%s); retrying", error)
+                        reconnected.set()
+                        await asyncio.sleep(1.0)
+                        continue
                 if self._inference_restarted.is_set():
                     self._inference_restarted.clear()
                     if self._latest_update is not None:  # a restarted server starts on the base model
@@ -391,7 +470,8 @@ class LocalRunner:
         finally:
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
-            await nc.close()
+            with contextlib.suppress(Exception):
+                await nc.close()
 
     async def _roll_weights(self, update: rl_pb2.WeightUpdate) -> None:
         """Make inference serve `update`: the operator's weight roll (`agentgym.operator.weights`) on the one

@@ -43,6 +43,12 @@ class ManagedProcess:
     finished: bool = False
     healthy: bool = False
     """Started and (where it has a health URL) answered it; False from a crash until it answers again."""
+    recent_restarts: int = 0
+    """Restarts since it last ran `RESTART_WINDOW_S` without crashing: what the restart budget counts, so a
+    long run is not ended by crashes spread over hours (the kubelet resets its back-off the same way)."""
+
+
+RESTART_WINDOW_S = 60.0
 
 
 class ProcessFailedError(RuntimeError):
@@ -130,11 +136,14 @@ class Supervisor:
                 managed.healthy = False
                 self.event("crashed", spec.name, exit_code=code, restarts=managed.restarts)
                 log.warning("%s exited with code %s; last log lines:\n%s", spec.name, code, tail(managed.log_path))
-                if not spec.restart or managed.restarts >= spec.max_restarts:
+                if time.time() - managed.started_at > RESTART_WINDOW_S:
+                    managed.recent_restarts = 0
+                if not spec.restart or managed.recent_restarts >= spec.max_restarts:
                     raise ProcessFailedError(f"{spec.name} exited with code {code} (restarts: {managed.restarts})")
-                await asyncio.sleep(min(2**managed.restarts, 10))
+                await asyncio.sleep(min(2**managed.recent_restarts, 10))
                 managed.process, managed.log_path = self._spawn(spec)
                 managed.restarts += 1
+                managed.recent_restarts += 1
                 managed.started_at = time.time()
                 self.event("restarted", spec.name, pid=managed.process.pid, restarts=managed.restarts)
                 await self.wait_healthy(managed)

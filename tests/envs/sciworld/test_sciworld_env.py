@@ -548,16 +548,17 @@ def test_simulators_are_constructed_where_they_cannot_be_made(obstacle: str, mon
 
 
 @pytest.mark.slow
-def test_slot_memory_is_bounded_and_flat_over_500_episodes() -> None:
-    """Two slots sharing a JVM over 500 episodes each: RSS per slot under 600 MB, within 10 % of its
-    post-warm-up level."""
+def test_slot_memory_is_bounded_and_flat_after_the_warm_up() -> None:
+    """Two slots sharing a JVM over 200 episodes each: RSS per slot under 600 MB, within 10 % of its
+    post-warm-up level. The 500-episode soak of 8 slots is `benchmarks/sciworld_bench.py --episodes 500`
+    (the short twin here keeps what it checks: bounded, and flat once the JIT cache is warm)."""
     pool = SciWorldPool(PoolSettings(size=2, simulators_per_jvm=2))
     tasks = load_catalog().task_ids("test")
     actions = ["look around", "open door to kitchen", "go to kitchen", "inventory", "pick up thermometer"]
     samples: dict[int, float] = {}
     try:
         envs = [SciWorldEnv(pool=pool), SciWorldEnv(pool=pool)]
-        for episode in range(1, 501):
+        for episode in range(1, 201):
             for number, env in enumerate(envs):
                 env.reset(tasks[(episode * 37 + number * 11) % len(tasks)])
                 for action in actions[: 1 + (episode + number) % len(actions)]:
@@ -570,7 +571,7 @@ def test_slot_memory_is_bounded_and_flat_over_500_episodes() -> None:
         pids = {env.jvm_pid for env in envs}
         for env in envs:
             env.close()
-        assert pool.stats()["launched"] == 1 and len(pids) == 1  # one JVM served all 1000
+        assert pool.stats()["launched"] == 1 and len(pids) == 1  # one JVM served all 400
     finally:
         pool.close()
     print("RSS MB per slot by episode:", {n: round(mb) for n, mb in samples.items()})
