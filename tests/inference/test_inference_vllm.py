@@ -1,5 +1,6 @@
-"""The vLLM launch command and adapter, against a loopback fake that records requests and answers with the
-request/response shapes of vLLM's documented routes (vLLM itself needs CUDA and is not run here)."""
+"""The vLLM adapter's protocol, against a loopback fake that records requests and answers with the shapes of
+vLLM's routes (checked against the real vLLM CPU server in test_vllm_cpu.py), and the platform's vLLM launch line
+(`agentgym.plan.inference_server`) on CPU and GPU."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import pytest
 from aiohttp import web
 
 from agentgym.inference.client import CompletionClient, InferenceError
-from agentgym.inference.vllm import ParamInfo, VLLMAdapter, VLLMServeSettings, vllm_serve_argv, vllm_serve_env
+from agentgym.inference.vllm import ParamInfo, VLLMAdapter
 from agentgym.messaging import free_port
-from agentgym.spec import InferenceSpec, ModelSpec
+from agentgym.plan import Placement, inference_server
+from agentgym.spec import TrainingRun
 
 
 class FakeVLLM:
@@ -118,33 +120,54 @@ async def fake() -> AsyncIterator[FakeVLLM]:
     await server.runner.cleanup()
 
 
-def test_serve_argv_from_the_spec() -> None:
-    settings = VLLMServeSettings.from_spec(
-        ModelSpec(name="Qwen/Qwen2.5-7B-Instruct", max_context_tokens=8192),
-        InferenceSpec(tensor_parallel=2, gpus_per_replica=2, gpu_memory_utilization=0.7, max_batch_size=128),
-        model_path="/models/qwen",
-        port=8100,
+def vllm_run(**inference: object) -> TrainingRun:
+    return TrainingRun.model_validate(
+        {
+            "apiVersion": "agentgym.io/v1alpha1",
+            "kind": "TrainingRun",
+            "metadata": {"name": "r"},
+            "spec": {
+                "model": {"name": "Qwen/Qwen2.5-7B-Instruct", "maxContextTokens": 8192},
+                "environments": [{"name": "babyai"}],
+                "inference": {"engine": "vllm", **inference},
+            },
+        }
     )
-    argv = vllm_serve_argv(settings)
-    assert argv[:3] == ["vllm", "serve", "/models/qwen"]
 
-    def flag(name: str) -> str:
-        return argv[argv.index(name) + 1]
+
+def test_the_launch_line_on_gpus_and_on_cpu() -> None:
+    placement = Placement(spec_path="-", nats_url="-", inference_url="-", env_urls={}, http_ports={"inference": 8100})
+    gpu = inference_server(
+        vllm_run(tensorParallel=2, gpusPerReplica=2, gpuMemoryUtilization=0.7, maxBatchSize=128), placement
+    )
+    argv = list(gpu.command)
+    # `python -m`: the `vllm` script's version lookup fails where the distribution is vllm-cpu.
+    assert argv[:5] == ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "Qwen/Qwen2.5-7B-Instruct"]
+
+    def flag(name: str, args: list[str] = argv) -> str:
+        return args[args.index(name) + 1]
 
     assert flag("--served-model-name") == "Qwen/Qwen2.5-7B-Instruct"
-    assert flag("--tensor-parallel-size") == "2"
-    assert flag("--gpu-memory-utilization") == "0.7"
-    assert flag("--max-model-len") == "8192"
-    assert flag("--max-num-seqs") == "128"
-    assert flag("--port") == "8100"
+    assert flag("--tensor-parallel-size") == "2" and flag("--gpu-memory-utilization") == "0.7"
+    assert flag("--max-model-len") == "8192" and flag("--max-num-seqs") == "128" and flag("--port") == "8100"
     assert flag("--dtype") == "bfloat16"
-    assert flag("--logprobs-mode") == "raw_logprobs"
-    assert flag("--generation-config") == "vllm"
-    assert json.loads(flag("--weight-transfer-config")) == {"backend": "nccl"}
+    assert flag("--logprobs-mode") == "raw_logprobs"  # the trainer's semantics: before temperature / top-p
+    assert flag("--generation-config") == "vllm"  # no sampling defaults from the checkpoint
+    assert json.loads(flag("--weight-transfer-config")) == {"backend": "disk"}
     assert "--return-tokens-as-token-ids" in argv and "--enable-prefix-caching" in argv
-    assert vllm_serve_env(settings) == {"VLLM_SERVER_DEV_MODE": "1"}
-    plain = VLLMServeSettings(model="m", weight_transfer_backend=None, enable_prefix_caching=False)
-    assert "--weight-transfer-config" not in vllm_serve_argv(plain) and vllm_serve_env(plain) == {}
+    assert "--enforce-eager" not in argv
+    assert gpu.env == {"VLLM_SERVER_DEV_MODE": "1"}
+
+    cpu = inference_server(vllm_run(gpusPerReplica=0), placement)
+    cpu_argv = list(cpu.command)
+    assert "--enforce-eager" in cpu_argv and "--gpu-memory-utilization" not in cpu_argv
+    assert "--no-enable-chunked-prefill" in cpu_argv and flag("--max-num-batched-tokens", cpu_argv) == "8192"
+    assert "--no-enable-chunked-prefill" not in argv
+    assert cpu.env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    assert flag("--logprobs-mode", cpu_argv) == "raw_logprobs"
+
+    plain = inference_server(vllm_run(), placement, weight_transfer_backend=None, extra_args=["--x"])
+    assert "--weight-transfer-config" not in plain.command and plain.command[-1] == "--x"
 
 
 async def test_completions_request_and_parsing(fake: FakeVLLM) -> None:
@@ -175,6 +198,7 @@ async def test_completions_request_and_parsing(fake: FakeVLLM) -> None:
 
 
 async def test_reload_from_a_checkpoint_folder(fake: FakeVLLM) -> None:
+    fake.weight_version = "default"  # what vLLM reports before any committed update
     async with CompletionClient(fake.url, engine="vllm", model="policy") as client:
         assert await client.policy_version() == 0
         assert await client.load_weights("file:///ckpt/step-3", 3) == 3

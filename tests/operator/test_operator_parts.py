@@ -194,7 +194,7 @@ async def test_vllm_roller_drives_the_weight_transfer_routes(http: aiohttp.Clien
         await roller.load(endpoint, Checkpoint(9, "file:///checkpoints/run/v9"))
         assert calls == [
             ("/init_weight_transfer_engine", {"init_info": {}}),
-            ("/pause?mode=keep", None),
+            ("/pause?mode=wait", None),
             ("/start_weight_update", None),
             ("/update_weights", {"update_info": {"path": "/checkpoints/run/v9"}}),
             ("/finish_weight_update", {"weight_version": "9"}),

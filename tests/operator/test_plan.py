@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from agentgym.cli.main import _rollout_settings
-from agentgym.local.runner import PYTHON, LocalRunner, local_process_specs
+from agentgym.inference.models import cache_dir
+from agentgym.local.runner import PYTHON, LocalRunner, local_process_specs, vllm_python
 from agentgym.operator.config import OperatorConfig
 from agentgym.operator.manifests import RunInputs, build_children
 from agentgym.plan import Placement, plan_run, setting_text
@@ -41,11 +42,12 @@ PLACEMENT_FLAGS = {
 
 
 def normalized(argv: list[str]) -> list[str]:
-    """`argv` with placement values blanked, env URLs reduced to their names, the local interpreter named as
-    in the images, and the local trainer's `--output-dir` (the run folder) left out."""
+    """`argv` with placement values blanked, env URLs reduced to their names, the local interpreters (this one,
+    vLLM's environment's) named as in the images, a builtin model and its local folder (vLLM loads the folder)
+    alike, and the local trainer's `--output-dir` (the run folder) left out."""
     if argv[:3] == [PYTHON, "-m", "agentgym.cli"]:
         argv = ["agentgym", *argv[3:]]
-    elif argv[0] == PYTHON:
+    elif argv[0] in (PYTHON, str(vllm_python())):
         argv = ["python", *argv[1:]]
     out: list[str] = []
     skip = False
@@ -60,6 +62,8 @@ def normalized(argv: list[str]) -> list[str]:
             out.append("<placement>")
         elif previous == "--env-url":
             out.append(token.partition("=")[0] + "=<url>")
+        elif previous == "--model" and (token.startswith("builtin:") or token.startswith(f"{cache_dir()}/models/")):
+            out.append("<builtin model>")
         else:
             out.append(token)
     return out

