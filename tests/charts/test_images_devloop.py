@@ -12,7 +12,7 @@ import helm_python as helm
 import pytest
 import yaml
 
-from agentgym.operator.commands import TRAINER_MODULE
+from agentgym.plan import TRAINER_MODULE
 
 ROOT = Path(__file__).resolve().parents[2]
 SKAFFOLD = yaml.safe_load((ROOT / "skaffold.yaml").read_text())
