@@ -42,6 +42,8 @@ import aiohttp
 from operator_harness import Cluster
 
 PODNET = Path(__file__).resolve().parent / "podnet"
+CHECKOUT = Path(__file__).resolve().parents[2]
+PARKED = Path("/run/agentgym-pod-checkout")  # a mount point outside /tmp
 HOSTS_HEADER = "127.0.0.1 localhost\n::1 localhost\n"
 VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
@@ -264,10 +266,15 @@ class PodExecutor:
         binds = [(str(self.hosts), "/etc/hosts"), *self._volumes(name, spec, container)]
         # /tmp last: the other sources live under it.
         binds.sort(key=lambda pair: pair[1] == "/tmp")
-        script = " && ".join(
-            [f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}" for src, dst in binds]
-            + [f"cd {shlex.quote(container.get('workingDir', '/'))}", 'exec "$@"']
-        )
+        steps = [f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}" for src, dst in binds]
+        if any(dst == "/tmp" for _, dst in binds) and CHECKOUT.is_relative_to("/tmp"):
+            # The checkout (its .venv: the image's contents here) lies under /tmp, which the pod's own /tmp
+            # covers: keep it reachable, parked outside /tmp while the pod's /tmp is mounted.
+            code = shlex.quote(str(CHECKOUT))
+            steps.insert(-1, f"mount --bind {code} {PARKED}")
+            steps += [f"mkdir -p {code}", f"mount --bind {PARKED} {code}"]
+            PARKED.mkdir(parents=True, exist_ok=True)
+        script = " && ".join([*steps, f"cd {shlex.quote(container.get('workingDir', '/'))}", 'exec "$@"'])
         for _, target in binds[1:]:  # mount points exist on the host (empty folders; the pods' own views differ)
             Path(target).mkdir(parents=True, exist_ok=True)
         Path(container.get("workingDir", "/")).mkdir(parents=True, exist_ok=True)
