@@ -22,6 +22,7 @@ Conditions (each with `observedGeneration`, a CamelCase `reason` and a message):
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -256,19 +257,21 @@ def weights_status(message: rl_pb2.WeightUpdate) -> JSONDict:
     return {"policyVersion": int(message.version), "lastCheckpoint": message.uri}
 
 
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: ``patch`` applied to ``target`` (None removes a key), as the API server does."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    result: JSONDict = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
 def apply_status_patch(status: TrainingRunStatus, patch: Mapping[str, Any]) -> TrainingRunStatus:
-    """`status` with a merge patch of the functions above applied (camelCase keys; None removes a key)."""
-
-    def merge(into: Any, change: Any) -> Any:
-        if not isinstance(change, Mapping) or not isinstance(into, Mapping):
-            return change
-        merged = dict(into)
-        for key, value in change.items():
-            if value is None:
-                merged.pop(key, None)
-            else:
-                merged[key] = merge(merged.get(key), value)
-        return merged
-
-    document = merge(status.model_dump(by_alias=True, exclude_none=True), patch)
+    """`status` with a merge patch of the functions above applied (camelCase keys), as the operator's reaches
+    the custom resource."""
+    document = merge_patch(status.model_dump(by_alias=True, exclude_none=True), patch)
     return TrainingRunStatus.model_validate(document)

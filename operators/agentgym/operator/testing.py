@@ -47,6 +47,8 @@ import jsonschema
 import kmock
 from kmock._internal import enums, rendering
 
+from agentgym.lifecycle import merge_patch
+
 JSONDict = dict[str, Any]
 
 _MERGE_TYPES = {"application/merge-patch+json", "application/strategic-merge-patch+json", "application/json"}
@@ -68,19 +70,6 @@ def _error(status: int, reason: str, message: str, causes: list[JSONDict] | None
 
 def _without(obj: Mapping[str, Any], *keys: str) -> JSONDict:
     return {k: v for k, v in obj.items() if k not in keys}
-
-
-def _merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, Mapping):
-        return copy.deepcopy(patch)
-    result: JSONDict = dict(target) if isinstance(target, Mapping) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = _merge_patch(result.get(key), value)
-    return result
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -452,7 +441,7 @@ class FidelityKubernetesEmulator(kmock.KubernetesEmulator):
             precondition = (
                 body.get("metadata", {}).get("resourceVersion") if isinstance(body.get("metadata"), Mapping) else None
             )
-            new = _merge_patch(old, body)
+            new = merge_patch(old, body)
         else:
             raise _error(415, "UnsupportedMediaType", f"the patch type {content_type!r} is not supported")
 
