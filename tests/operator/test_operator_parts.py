@@ -353,3 +353,21 @@ def test_render_command_prints_the_children() -> None:
     assert all(d["metadata"]["namespace"] == "ml" for d in documents)
     bad = CliRunner().invoke(app, ["operator", "render", "does-not-exist.yaml"])
     assert bad.exit_code == 2
+
+
+def test_status_patches_apply_to_the_typed_status_as_to_the_resource() -> None:
+    """The local runner's status takes the same merge patches the operator writes: a step's metrics replace the
+    last step's (None removes), other metrics (evaluations) stay, nested keys merge."""
+    from agentgym.lifecycle import apply_status_patch, merge_patch
+    from agentgym.spec import TrainingRunStatus
+
+    status = TrainingRunStatus(metrics={"eval/start/success": 0.1, "reward_mean": 0.2})
+    state = rl_pb2.CurriculumState(step=3, stage=1, horizon=5)
+    state.metrics["success_rate"] = 0.5
+    status = apply_status_patch(status, curriculum_status(state, {"reward_mean": 0.2}))
+    assert (status.step, status.stage, status.horizon, status.reward) == (3, 1, 5, 0.5)
+    assert status.metrics == {"eval/start/success": 0.1, "success_rate": 0.5}
+    assert merge_patch({"a": {"b": 1, "c": 2}, "d": 1}, {"a": {"b": None, "e": {"f": None}}, "d": [1]}) == {
+        "a": {"c": 2, "e": {}},
+        "d": [1],
+    }
