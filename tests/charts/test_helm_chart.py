@@ -18,10 +18,10 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from kube_emulator import CustomResourceSchema, openapi_to_jsonschema
 
 from agentgym.operator.config import OperatorConfig
 from agentgym.operator.manifests import RunInputs, build_children, checkpoint_claim
-from agentgym.operator.testing import CustomResourceSchema, openapi_to_jsonschema
 from agentgym.spec import load_training_run
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,10 +12,10 @@ import aiohttp.web
 import kmock
 import pytest
 import yaml
+from kube_emulator import FidelityKubernetesEmulator
 from operator_harness import NAMESPACE, Cluster, FakeEngine, OperatorHandle, operator_config, running_operator
 
 from agentgym.messaging import EmbeddedNats
-from agentgym.operator.testing import FidelityKubernetesEmulator
 from agentgym.spec.crd import crd_document
 
 

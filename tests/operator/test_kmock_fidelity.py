@@ -14,11 +14,11 @@ import kmock
 import kopf
 import pytest
 import yaml
+from kube_emulator import FidelityKubernetesEmulator, matches_label_selector
 from operator_harness import ApiError, Cluster
 
 from agentgym.operator import kube
 from agentgym.operator.kube import KubeClient, KubeError
-from agentgym.operator.testing import FidelityKubernetesEmulator, matches_label_selector
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -243,7 +243,7 @@ async def test_client_connection_failure_is_temporary() -> None:
 
 
 def test_emulator_refuses_cel_it_cannot_evaluate() -> None:
-    from agentgym.operator.testing import CustomResourceSchema
+    from kube_emulator import CustomResourceSchema
 
     schema = {
         "type": "object",

@@ -18,6 +18,7 @@ import aiohttp
 import nats
 import pytest
 import yaml
+from kube_emulator import FidelityKubernetesEmulator
 from nats.js.errors import NotFoundError
 from operator_harness import (
     NAMESPACE,
@@ -33,7 +34,6 @@ from operator_harness import (
 )
 
 from agentgym.messaging import EmbeddedNats, RunChannels, free_port, publish_message
-from agentgym.operator.testing import FidelityKubernetesEmulator
 from agentgym.proto import rl_pb2
 
 RUN = "babyai-rl"
@@ -516,7 +516,7 @@ async def test_gpu_run_gets_vllm_deepspeed_and_keeps_its_checkpoint_claim(
     inference = await cluster.get("Deployment", f"{name}-inference")
     assert inference is not None and inference["spec"]["replicas"] == 2
     server = inference["spec"]["template"]["spec"]["containers"][0]
-    assert server["image"] == "vllm/vllm-openai:latest" and server["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert server["image"] == "agentgym/inference-vllm:0.1.0" and server["resources"]["limits"]["nvidia.com/gpu"] == "1"
     claim = await cluster.wait_for(
         lambda: cluster.get("PersistentVolumeClaim", "agentgym-checkpoints"), what="the checkpoint claim"
     )

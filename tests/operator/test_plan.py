@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from agentgym.cli.main import _rollout_settings
 from agentgym.inference.models import cache_dir
 from agentgym.local.runner import PYTHON, LocalRunner, local_process_specs, vllm_python
 from agentgym.operator.config import OperatorConfig
 from agentgym.operator.manifests import RunInputs, build_children
 from agentgym.plan import Placement, plan_run, setting_text
+from agentgym.rollout.serve import rollout_settings
 from agentgym.spec import TrainingRun, load_training_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,14 +116,12 @@ def test_paper_recipe_rollout_worker_reads_qwen_tokenizer_and_vllm_from_the_spec
     assert spec_path == "/etc/agentgym/spec.yaml"
     for flag in ("--tokenizer", "--engine", "--concurrency", "--max-context-tokens", "--run"):
         assert flag not in command  # nothing the spec says is repeated as a flag that could be forgotten
-    settings = _rollout_settings(ROOT / "examples" / "babyai-paper.yaml", None, None, None, None, None)
+    settings = rollout_settings(ROOT / "examples" / "babyai-paper.yaml", None, None, None, None, None)
     assert settings.tokenizer == "Qwen/Qwen2.5-3B-Instruct" and settings.engine == "vllm"
     assert (settings.run, settings.concurrency, settings.max_context_tokens) == ("babyai-scalinginter", 64, 16384)
     # A flag beside the spec overrides its field; without a spec the standalone defaults hold.
-    assert (
-        _rollout_settings(ROOT / "examples" / "babyai-paper.yaml", None, "builtin:tiny", "hf", 3, None).engine == "hf"
-    )
-    assert _rollout_settings(None, "r", None, None, None, None).tokenizer == "builtin:tiny"
+    assert rollout_settings(ROOT / "examples" / "babyai-paper.yaml", None, "builtin:tiny", "hf", 3, None).engine == "hf"
+    assert rollout_settings(None, "r", None, None, None, None).tokenizer == "builtin:tiny"
 
 
 def test_rollout_worker_process_loads_the_tokenizer_its_spec_names(tmp_path: Path) -> None:

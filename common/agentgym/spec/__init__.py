@@ -9,6 +9,7 @@ openAPIV3Schema is generated from these models (`agentgym.spec.crd`); so are the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,29 +17,17 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from agentgym.environments import ENVIRONMENT_NAMES, ENVIRONMENTS, EnvironmentName
+
 API_GROUP = "agentgym.io"
 API_VERSION = "v1alpha1"
 KIND = "TrainingRun"
 PLURAL = "trainingruns"
 
-EnvironmentName = Literal["babyai", "textcraft", "sciworld", "deepsearch", "webarena"]
-ENVIRONMENT_NAMES: tuple[str, ...] = ("babyai", "textcraft", "sciworld", "deepsearch", "webarena")
-
-# ScalingInter-RL stages from the AgentGym-RL paper (max turns per episode, one stage per `stage_steps`).
-PAPER_HORIZONS: dict[str, list[int]] = {
-    "babyai": [6, 13, 20],
-    "textcraft": [10, 20, 30],
-    "sciworld": [10, 20, 30],
-    "deepsearch": [5, 8, 10],
-    "webarena": [8, 12, 15],
-}
-PAPER_STAGE_STEPS: dict[str, int] = {
-    "babyai": 100,
-    "textcraft": 100,
-    "sciworld": 100,
-    "deepsearch": 100,
-    "webarena": 80,
-}
+# The environment kinds and the AgentGym-RL paper's ScalingInter-RL stages (max turns per episode, one stage per
+# `stage_steps`) come from the environment cards.
+PAPER_HORIZONS: dict[str, list[int]] = {name: list(card.horizons) for name, card in ENVIRONMENTS.items()}
+PAPER_STAGE_STEPS: dict[str, int] = {name: card.stage_steps for name, card in ENVIRONMENTS.items()}
 
 
 class SpecModel(BaseModel):
@@ -157,19 +146,53 @@ class AlgorithmSpec(SpecModel):
 
     @model_validator(mode="after")
     def _groups_need_samples(self) -> AlgorithmSpec:
-        if self.name in ("grpo", "rloo", "dpo") and self.group_size < 2:
-            raise ValueError(f"groupSize must be >= 2 for {self.name} (it compares samples of one task)")
-        if self.turn_validity_coef and self.name not in ("grpo", "rloo"):
-            raise ValueError(
-                f"turnValidityCoef is for grpo and rloo; {self.name} credits invalid turns through invalidActionPenalty"
-            )
-        if self.drop_uniform_groups and self.name not in ("grpo", "rloo"):
-            raise ValueError(f"dropUniformGroups is for grpo and rloo; {self.name} has no groups to compare")
-        if self.step_group_coef and self.name not in ("grpo", "rloo"):
-            raise ValueError(
-                f"stepGroupCoef is for grpo and rloo; {self.name} already credits each turn by what follows it"
-            )
+        problem = algorithm_rule_error(
+            self.name,
+            group_size=self.group_size,
+            kl_as=self.kl_as,
+            turn_validity_coef=self.turn_validity_coef,
+            step_group_coef=self.step_group_coef,
+            drop_uniform_groups=self.drop_uniform_groups,
+        )
+        if problem:
+            raise ValueError(problem)
         return self
+
+
+GROUP_ESTIMATORS: tuple[str, ...] = ("grpo", "rloo")
+"""The estimators that compare a task's samples with each other (the turn- and step-level credit is theirs)."""
+
+
+def algorithm_rule_error(
+    name: str,
+    *,
+    group_size: int,
+    kl_as: str,
+    turn_validity_coef: float,
+    step_group_coef: float,
+    drop_uniform_groups: bool,
+    field: Callable[[str], str] = to_camel,
+    group_estimators: str = "grpo and rloo",
+) -> str | None:
+    """The first rule across the algorithm settings that these break, or None.
+
+    The one place these rules live: ``AlgorithmSpec`` checks them with camelCase names, the trainer's
+    ``RLTrainerConfig`` (which may be built without a spec) with its own names (``field``).
+    """
+    if name in (*GROUP_ESTIMATORS, "dpo") and group_size < 2:
+        return f"{field('group_size')} must be >= 2 for {name} (it compares samples of one task)"
+    if kl_as == "reward" and name in GROUP_ESTIMATORS:
+        return f"{field('kl_as')} 'reward' needs a token-level estimator (ppo, reinforce_plus_plus), not {name}"
+    if turn_validity_coef and name not in GROUP_ESTIMATORS:
+        credit = f"{name} credits invalid turns through {field('invalid_action_penalty')}"
+        return f"{field('turn_validity_coef')} is for {group_estimators}; {credit}"
+    if step_group_coef and name not in GROUP_ESTIMATORS:
+        return (
+            f"{field('step_group_coef')} is for {group_estimators}; {name} already credits each turn by what follows it"
+        )
+    if drop_uniform_groups and name not in GROUP_ESTIMATORS:
+        return f"{field('drop_uniform_groups')} is for {group_estimators}; {name} has no groups to compare"
+    return None
 
 
 class AdaptiveCurriculumSpec(SpecModel):
@@ -296,12 +319,21 @@ class TrainerSpec(SpecModel):
 
     @model_validator(mode="after")
     def _deepspeed_needs_gpus(self) -> TrainerSpec:
-        if self.backend == "deepspeed" and self.gpus < 1:
-            raise ValueError("backend deepspeed needs gpus >= 1")
-        if self.backend == "torch" and self.gpus > 1:
-            # One process: the other GPUs would sit idle. DeepSpeed runs one data-parallel rank per GPU.
-            raise ValueError(f"backend torch trains on one device, not gpus: {self.gpus}; use backend deepspeed")
+        problem = backend_rule_error(self.backend, self.gpus)
+        if problem:
+            raise ValueError(problem)
         return self
+
+
+def backend_rule_error(backend: str, gpus: int) -> str | None:
+    """What is wrong with training on ``gpus`` with ``backend``, or None (``TrainerSpec``'s and the trainer
+    config's one rule)."""
+    if backend == "deepspeed" and gpus < 1:
+        return "backend deepspeed needs gpus >= 1"
+    if backend == "torch" and gpus > 1:
+        # One process: the other GPUs would sit idle. DeepSpeed runs one data-parallel rank per GPU.
+        return f"backend torch trains on one device, not gpus: {gpus}; use backend deepspeed"
+    return None
 
 
 class StorageSpec(SpecModel):

@@ -10,9 +10,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -80,14 +79,8 @@ def run_command(
     eval_samples: Annotated[int, typer.Option(min=1, help="Episodes per eval task")] = 1,
 ) -> None:
     """Run a TrainingRun on this machine: embedded NATS, env services, CPU inference, rollout, trainer."""
-    import asyncio
-    import signal
-
-    from rich.live import Live
-
-    from agentgym.local.live import Progress
+    from agentgym.local.main import run_locally
     from agentgym.local.run_eval import RunEvalSettings
-    from agentgym.local.runner import LocalRunner
     from agentgym.spec import SpecError, load_training_run
 
     try:
@@ -102,36 +95,10 @@ def run_command(
         raise _fail(f"--resume: {directory} holds no run (no spec.yaml)")
     if not resume and (directory / "checkpoints").exists() and any((directory / "checkpoints").iterdir()):
         raise _fail(f"{directory} already holds a run; pass --resume to continue it or choose another --run-dir")
-    directory.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        handlers=[logging.FileHandler(directory / "runner.log")],
-    )
     eval_settings = RunEvalSettings(tasks=eval_tasks, samples=eval_samples, enabled=evaluate)
-    runner = LocalRunner(run, directory, resume=resume, eval_settings=eval_settings)
-    progress = Progress(run.metadata.name, run.spec.trainer.total_steps, console, directory / "steps.log")
-    runner.status.listeners.append(progress.update)
-    console.print(f"[bold]agentgym run[/] {run.metadata.name} -> {directory}  (logs: {directory / 'logs'})")
-
-    async def main() -> int:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        return await runner.run_until_done(stop)
-
-    if live and console.is_terminal:
-        with Live(console=console, refresh_per_second=2) as panel:
-            progress.live = panel
-            code = asyncio.run(main())
-    else:
-        code = asyncio.run(main())
-    status = runner.status.status
-    console.print(f"[bold]{status.phase}[/] at step {status.step}; status: {directory / 'status.json'}")
-    for line in runner.summary_lines():  # held-out success before training, after SFT, at the end
-        console.print(line, soft_wrap=True)
-    raise typer.Exit(code)
+    raise typer.Exit(
+        run_locally(run, directory, resume=resume, eval_settings=eval_settings, live=live, console=console)
+    )
 
 
 @app.command("eval")
@@ -489,52 +456,6 @@ def model_tiny(
     console.print(f"wrote {path}")
 
 
-@dataclass(frozen=True)
-class RolloutSettings:
-    run: str
-    tokenizer: str
-    engine: Literal["hf", "vllm"]
-    concurrency: int
-    max_context_tokens: int
-
-
-def _rollout_settings(
-    spec: Path | None,
-    run: str | None,
-    tokenizer: str | None,
-    engine: str | None,
-    concurrency: int | None,
-    max_context_tokens: int | None,
-) -> RolloutSettings:
-    """The rollout worker's settings: a flag if given, else the spec's field, else the standalone default."""
-    if engine is not None and engine not in ("hf", "vllm"):
-        raise _fail(f"--engine must be hf or vllm, got {engine!r}")
-    if spec is None:
-        if run is None:
-            raise _fail("give --spec (a TrainingRun YAML) or --run")
-        return RolloutSettings(
-            run=run,
-            tokenizer=tokenizer or "builtin:tiny",
-            engine=engine or "hf",  # type: ignore[arg-type]
-            concurrency=concurrency or 32,
-            max_context_tokens=max_context_tokens or 4096,
-        )
-    from agentgym.spec import SpecError, load_training_run
-
-    try:
-        training_run = load_training_run(spec)
-    except (OSError, SpecError) as error:
-        raise _fail(f"--spec {spec}: {error}") from None
-    model = training_run.spec.model
-    return RolloutSettings(
-        run=run or training_run.metadata.name,
-        tokenizer=tokenizer or model.tokenizer or model.name,
-        engine=engine or training_run.spec.inference.engine,  # type: ignore[arg-type]
-        concurrency=concurrency or training_run.spec.rollout.concurrency,
-        max_context_tokens=max_context_tokens or model.max_context_tokens,
-    )
-
-
 @rollout_app.command("worker")
 def rollout_worker(
     nats_url: Annotated[str, typer.Option(help="NATS server, e.g. nats://127.0.0.1:4222")],
@@ -555,60 +476,14 @@ def rollout_worker(
 
     With `--spec` (as the platform starts it) every setting comes from the TrainingRun; a flag given
     beside it overrides that field. Without it, `--run` is required and the rest have defaults."""
-    import asyncio
-    import signal
-
-    from agentgym.envs.client import AsyncEnvClient
-    from agentgym.inference.client import CompletionClient
-    from agentgym.inference.models import load_tokenizer_by_name
-    from agentgym.rollout.episode import EpisodeSettings
-    from agentgym.rollout.policy import InferencePolicy
-    from agentgym.rollout.tokens import ChatTokenizer
-    from agentgym.rollout.worker import RolloutWorker, WorkerConfig
-    from agentgym.telemetry import setup_telemetry
-
-    settings = _rollout_settings(spec, run, tokenizer, engine, concurrency, max_context_tokens)
-    run, tokenizer, engine_name = settings.run, settings.tokenizer, settings.engine
-    concurrency, max_context_tokens = settings.concurrency, settings.max_context_tokens
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    urls: dict[str, str] = {}
-    for pair in env_url:
-        name, sep, url = pair.partition("=")
-        if not sep or not name or not url:
-            raise _fail(f"--env-url expects NAME=URL, got {pair!r}")
-        urls[name] = url
-    try:
-        chat = ChatTokenizer(load_tokenizer_by_name(tokenizer))
-    except Exception as error:
-        raise _fail(f"cannot load tokenizer {tokenizer!r}: {error}") from None
-    telemetry = setup_telemetry("agentgym-rollout")
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        async with CompletionClient(inference_url, engine=engine_name) as client:
-            environments = {name: AsyncEnvClient(url, max_connections=concurrency) for name, url in urls.items()}
-            try:
-                config = WorkerConfig(
-                    run=run,
-                    nats_url=nats_url,
-                    concurrency=concurrency,
-                    settings=EpisodeSettings(max_context_tokens=max_context_tokens),
-                )
-                worker = RolloutWorker(
-                    config, InferencePolicy(client), chat, environments, telemetry.tracer("agentgym.rollout")
-                )
-                await worker.run(stop)
-            finally:
-                for env in environments.values():
-                    await env.aclose()
+    from agentgym.rollout.serve import RolloutSettingsError, environment_urls, rollout_settings, serve
 
     try:
-        asyncio.run(main())
-    finally:
-        telemetry.shutdown()
+        settings = rollout_settings(spec, run, tokenizer, engine, concurrency, max_context_tokens)
+        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        serve(nats_url, inference_url, environment_urls(env_url), settings)
+    except RolloutSettingsError as error:
+        raise _fail(str(error)) from None
 
 
 @inference_app.command("serve")
@@ -637,10 +512,6 @@ def inference_serve(
     if not known:
         raise _fail(f"{model!r} is not an HF model folder nor a builtin ({', '.join(BUILTIN_MODELS)})")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("AGENTGYM_TELEMETRY_DIR"):
-        from agentgym.telemetry import setup_telemetry
-
-        setup_telemetry("inference")
     err_console.print(f"serving [bold]{model}[/] on http://{host}:{port} (docs: /docs)")
     run(
         model,

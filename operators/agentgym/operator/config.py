@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from agentgym.environments import ENVIRONMENTS
 from agentgym.plan import VLLM_WEIGHT_TRANSFER_BACKEND
 from agentgym.spec import ENVIRONMENT_NAMES, format_validation_error
 
@@ -54,20 +55,15 @@ class EnvironmentDefaults(ConfigModel):
 
 
 def _default_environments() -> dict[str, EnvironmentDefaults]:
-    sizes = {
-        "babyai": _resources("500m", "512Mi", "2", "2Gi"),
-        "textcraft": _resources("250m", "512Mi", "1", "1Gi"),
-        "sciworld": _resources("2", "8Gi", "4", "16Gi"),
-        "deepsearch": _resources("1", "2Gi", "2", "4Gi"),
-        "webarena": _resources("2", "4Gi", "4", "8Gi"),
-    }
+    # Sizes come from the environment cards.
+    pods = {name: card.resources for name, card in ENVIRONMENTS.items()}
     return {
         name: EnvironmentDefaults(
             image=f"agentgym/env-{name}:{DEFAULT_TAG}",
-            resources=sizes[name],
-            shm_size="1Gi" if name == "webarena" else None,
+            resources=_resources(pod.cpu, pod.memory, pod.cpu_limit, pod.memory_limit),
+            shm_size=pod.shm_size,
         )
-        for name in ENVIRONMENT_NAMES
+        for name, pod in pods.items()
     }
 
 
@@ -76,7 +72,8 @@ class Images(ConfigModel):
     trainer: str = f"agentgym/trainer:{DEFAULT_TAG}"
     inference_cpu: str = f"agentgym/inference-cpu:{DEFAULT_TAG}"
     """The platform's HF engine (`engine: hf`)."""
-    vllm: str = "vllm/vllm-openai:latest"
+    vllm: str = f"agentgym/inference-vllm:{DEFAULT_TAG}"
+    """vLLM (pinned) with the platform's `disk` weight-transfer plugin: services/inference/vllm.Dockerfile."""
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     pull_secrets: list[str] = Field(default_factory=list)
 

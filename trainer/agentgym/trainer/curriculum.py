@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, ClassVar
 
+from agentgym.environments import ENVIRONMENTS
+
 __all__ = [
     "PAPER_SCALING_INTER",
     "AdaptiveHorizon",
@@ -184,13 +186,9 @@ class ScalingInterPreset:
 
 
 # Xi et al. 2025 (AgentGym-RL), ScalingInter-RL: horizons per stage, a new stage every
-# `stage_steps` training steps.
+# `stage_steps` training steps (from the environment cards).
 PAPER_SCALING_INTER: dict[str, ScalingInterPreset] = {
-    "babyai": ScalingInterPreset((6, 13, 20), 100),
-    "textcraft": ScalingInterPreset((10, 20, 30), 100),
-    "sciworld": ScalingInterPreset((10, 20, 30), 100),
-    "deepsearch": ScalingInterPreset((5, 8, 10), 100),
-    "webarena": ScalingInterPreset((8, 12, 15), 80),
+    name: ScalingInterPreset(card.horizons, card.stage_steps) for name, card in ENVIRONMENTS.items()
 }
 _ENV_ALIASES = {"scienceworld": "sciworld", "search": "deepsearch", "searchqa": "deepsearch"}
 

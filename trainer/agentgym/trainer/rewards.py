@@ -36,19 +36,14 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from agentgym.environments import ENVIRONMENTS
 from agentgym.proto import rl_pb2
 from agentgym.trainer.advantages import place_turn_rewards
 
 OutcomeReward = Literal["score", "success", "none"]
 
-# Environment score unit -> 1: final_score / scale is in [0, 1].
-DEFAULT_SCORE_SCALES: dict[str, float] = {
-    "babyai": 1.0,
-    "textcraft": 1.0,
-    "sciworld": 100.0,
-    "deepsearch": 1.0,
-    "webarena": 1.0,
-}
+# Environment score unit -> 1: final_score / scale is in [0, 1] (from the environment cards).
+DEFAULT_SCORE_SCALES: dict[str, float] = {name: card.score_scale for name, card in ENVIRONMENTS.items()}
 
 __all__ = [
     "DEFAULT_SCORE_SCALES",

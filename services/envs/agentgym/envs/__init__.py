@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from agentgym.environments import ENVIRONMENTS
 from agentgym.envs.base import (
     Environment,
     EnvironmentBusyError,
@@ -20,21 +21,9 @@ from agentgym.envs.base import (
     UnknownTaskError,
 )
 
-# name -> "module:Class". Imported lazily: each service image installs only its own engine.
-ENVIRONMENT_CLASSES: dict[str, str] = {
-    "babyai": "agentgym.envs.babyai.env:BabyAIEnv",
-    "textcraft": "agentgym.envs.textcraft.env:TextCraftEnv",
-    "sciworld": "agentgym.envs.sciworld.env:SciWorldEnv",
-    "deepsearch": "agentgym.envs.deepsearch.env:DeepSearchEnv",
-    "webarena": "agentgym.envs.webarena.env:WebArenaEnv",
-}
-EXPERT_CLASSES: dict[str, str] = {
-    "babyai": "agentgym.envs.babyai.expert:BabyAIExpert",
-    "textcraft": "agentgym.envs.textcraft.expert:TextCraftExpert",
-    "sciworld": "agentgym.envs.sciworld.expert:SciWorldExpert",
-    "deepsearch": "agentgym.envs.deepsearch.expert:DeepSearchExpert",
-    "webarena": "agentgym.envs.webarena.env:WebArenaExpert",
-}
+# name -> "module:Class", from the environment cards. Imported lazily: each service image installs only its own engine.
+ENVIRONMENT_CLASSES: dict[str, str] = {name: card.environment_class for name, card in ENVIRONMENTS.items()}
+EXPERT_CLASSES: dict[str, str] = {name: card.expert_class for name, card in ENVIRONMENTS.items()}
 
 
 def _load(table: dict[str, str], name: str, what: str) -> Any:

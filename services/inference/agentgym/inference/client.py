@@ -18,17 +18,10 @@ from typing import Any, Literal, Protocol
 
 import aiohttp
 
+# Defined apart so that `vllm` (imported lazily from here) does not import this module back.
+from agentgym.inference.errors import InferenceError
+
 POLICY_VERSION_HEADER = "X-Policy-Version"
-TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
-
-
-class InferenceError(RuntimeError):
-    """An inference call failed: `status` is the HTTP status (None when no response came back)."""
-
-    def __init__(self, message: str, status: int | None = None, transient: bool | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.transient = (status is None or status in TRANSIENT_STATUSES) if transient is None else transient
 
 
 @dataclass(frozen=True)

@@ -38,12 +38,6 @@ A sequence stops on EOS (unless `ignore_eos`), on one of `stop_token_ids`, on a 
 never by re-encoding text. The returned `token_ids` are exactly the sampled ids, including the EOS / stop
 token or the token that completed a stop string (only `text` is cut before the stop string).
 
-Sampling: `temperature` 0 is greedy; otherwise the logits are divided by the temperature, nucleus-filtered
-with `top_p`, and sampled with a per-sequence `torch.Generator` (seeded from the request's `seed` and the
-sample index, so a seeded request is reproducible when its batch composition is the same). The nucleus is
-looked for among each row's most likely tokens (a top-k) before any whole vocabulary is sorted:
-`benchmarks/sampler_bench.py`.
-
 Logprobs: `logprobs[i]` is log p(token_i | context) under the model's unmodified distribution
 (log_softmax of the raw logits: temperature 1, no top-p) — the policy likelihood the trainer recomputes
 with a plain forward pass, and what vLLM reports with `--logprobs-mode raw_logprobs`. The distribution the
@@ -54,287 +48,101 @@ Weight updates (`load_weights`) load into a new model object off the worker thre
 admitting new sequences, lets the running ones finish on the old weights, then swaps the model between
 steps. Requests still queued at that moment run on the new weights. Every result carries the
 `policy_version` of the weights that produced it.
+
+Modules: `batching` (requests, sequences, the running batch and its bookkeeping), `sampling` (sampling
+parameters, the token sampler), `weights` (loading models and new weights), `kv` (the growing KV cache
+layers), `prefix_cache`, `errors`. This one is the `Engine` facade and its worker-thread loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import inspect
 import logging
-import math
-import random
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from agentgym.allocator import retain_freed_memory
-from agentgym.inference.kv import GrowingLayer, compaction, spare_columns
-from agentgym.inference.metrics import InferenceMetrics
+from agentgym.inference.batching import (
+    _PREFILL_OVERHEAD_TOKENS,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    GenerationOutput,
+    SampleOutput,
+    _Batch,
+    _Prefill,
+    _prefill_groups,
+    _Request,
+    _select_rows,
+    _Sequence,
+    _Swap,
+    keep_rows,
+    merge_batches,
+    new_cache,
+    prefill_inputs,
+    sample_next,
+    shared_prefix_jobs,
+)
+from agentgym.inference.errors import (
+    EngineClosedError,
+    EngineError,
+    InvalidRequestError,
+    StaleVersionError,
+    WeightLoadError,
+)
+from agentgym.inference.metrics import EngineStats, InferenceMetrics
 from agentgym.inference.models import ModelError, load_tokenizer, resolve_model
-from agentgym.inference.prefix_cache import BLOCK_SIZE, CachedPrefix, PrefixCache, block_keys, common_prefix
+from agentgym.inference.prefix_cache import BLOCK_SIZE, PrefixCache
+from agentgym.inference.sampling import (
+    SamplingParams,
+    _nucleus,
+    check_request,
+    sample_tokens,
+)
+from agentgym.inference.weights import (
+    cache_argument,
+    eos_ids,
+    growable_cache,
+    kv_bytes_per_token,
+    load_candidate,
+    load_model,
+    pick_device,
+    pick_dtype,
+)
 
 log = logging.getLogger(__name__)
 
-FINISH_STOP = "stop"
-FINISH_LENGTH = "length"
-MAX_TOP_LOGPROBS = 20
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 """Without `prefix_cache_tokens`, the prefix cache holds as many tokens as 1 GiB of KV: 262,144 tokens of the
 tiny model (4 KiB each), 23,301 of SmolLM2-135M (45 KiB each)."""
-_PREFILL_OVERHEAD_TOKENS = 64
-"""The fixed cost of one prefill forward pass, in prompt tokens (about 10 ms on CPU for the tiny model)."""
 
-
-class EngineError(RuntimeError):
-    """Base class of the engine's errors."""
-
-
-class InvalidRequestError(EngineError, ValueError):
-    """The request cannot be served as asked (the HTTP layer answers 400)."""
-
-
-class EngineClosedError(EngineError):
-    """The engine is shutting down (the HTTP layer answers 503)."""
-
-
-class WeightLoadError(EngineError):
-    """New weights could not be loaded; the old ones keep serving (the HTTP layer answers 400)."""
-
-
-class StaleVersionError(EngineError):
-    """A weight update older than the version being served (the HTTP layer answers 409)."""
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    n: int = 1
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    seed: int | None = None
-    ignore_eos: bool = False
-    top_logprobs: int = 0
-    """Also return the `top_logprobs` most likely tokens (raw model logprobs) at each position."""
-
-
-@dataclass
-class SampleOutput:
-    index: int
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str
-    stop_reason: int | str | None
-    """The stop string or stop token id that ended the sample; None for EOS or length."""
-    top_logprobs: list[dict[int, float]] | None = None
-
-
-@dataclass
-class GenerationOutput:
-    samples: list[SampleOutput]
-    prompt_tokens: int
-    policy_version: int
-    queue_seconds: float
-    generation_seconds: float
-
-    @property
-    def completion_tokens(self) -> int:
-        return sum(len(sample.token_ids) for sample in self.samples)
-
-
-@dataclass
-class EngineStats:
-    """Counters read by tests and the benchmark (the Prometheus metrics carry the same figures)."""
-
-    requests: int = 0
-    sequences: int = 0
-    prefill_batches: int = 0
-    decode_steps: int = 0
-    prefill_rows: int = 0
-    decode_rows: int = 0
-    generated_tokens: int = 0
-    max_running: int = 0
-    swaps: int = 0
-    prompt_tokens: int = 0
-    """Prompt tokens of admitted requests (one per request, whatever its `n`)."""
-    prefill_tokens: int = 0
-    """Tokens run through prefill forward passes (padding excluded)."""
-    prefix_lookups: int = 0
-    prefix_hits: int = 0
-    prefix_hit_tokens: int = 0
-    """Prompt tokens whose KV came from the prefix cache (one count per request, like `prompt_tokens`)."""
-    shared_prefills: int = 0
-    """Prefixes shared by requests admitted together, prefilled once for all of them."""
-
-
-@dataclass
-class _Request:
-    prompt_ids: list[int]
-    params: SamplingParams
-    future: asyncio.Future[GenerationOutput]
-    loop: asyncio.AbstractEventLoop
-    enqueued: float
-    samples: list[SampleOutput | None] = field(default_factory=list)
-    remaining: int = 0
-    admitted: float = 0.0
-    version: int = 0
-
-    def cancelled(self) -> bool:
-        return self.future.done()
-
-
-class _Sequence:
-    """One sample of a request while it runs."""
-
-    __slots__ = (
-        "decoder",
-        "finish_reason",
-        "generator",
-        "index",
-        "logprobs",
-        "max_stop_len",
-        "request",
-        "stop_ids",
-        "stop_reason",
-        "text",
-        "token_ids",
-        "top",
-    )
-
-    def __init__(self, request: _Request, index: int, stop_ids: frozenset[int], device: torch.device) -> None:
-        from tokenizers.decoders import DecodeStream
-
-        self.request = request
-        self.index = index
-        self.stop_ids = stop_ids
-        self.token_ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.top: list[dict[int, float]] | None = [] if request.params.top_logprobs > 0 else None
-        self.text = ""
-        self.finish_reason: str | None = None
-        self.stop_reason: int | str | None = None
-        self.decoder = DecodeStream(skip_special_tokens=True)
-        self.max_stop_len = max((len(s) for s in request.params.stop), default=0)
-        self.generator: torch.Generator | None = None
-        if request.params.temperature > 0:
-            self.generator = torch.Generator(device=device)
-            self.generator.manual_seed(_sample_seed(request.params.seed, index))
-
-    @property
-    def params(self) -> SamplingParams:
-        return self.request.params
-
-    def output(self) -> SampleOutput:
-        return SampleOutput(
-            index=self.index,
-            token_ids=self.token_ids,
-            logprobs=self.logprobs,
-            text=self.text,
-            finish_reason=self.finish_reason or FINISH_LENGTH,
-            stop_reason=self.stop_reason,
-            top_logprobs=self.top,
-        )
-
-
-def _sample_seed(seed: int | None, index: int) -> int:
-    """The generator seed of sample `index`: derived from the request seed, or random when it has none."""
-    if seed is None:
-        return random.SystemRandom().getrandbits(63)
-    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
-
-
-@dataclass
-class _Swap:
-    model: Any
-    version: int
-    done: threading.Event = field(default_factory=threading.Event)
-
-
-@dataclass(eq=False)
-class _Prefill:
-    """One row of a prefill forward pass: a request's prompt (its `n` sequences share the row), or a prefix
-    shared by several requests (no sequences: its KV only goes to the prefix cache)."""
-
-    ids: list[int]
-    sequences: list[_Sequence]
-    request: _Request | None = None
-    entry: CachedPrefix | None = None
-    cached: int = 0
-    """Leading ids whose KV comes from `entry`."""
-
-    @property
-    def suffix(self) -> int:
-        return len(self.ids) - self.cached
-
-
-@dataclass
-class _Batch:
-    """The running batch: one row per sequence, a left-padded KV cache, and what to feed next."""
-
-    sequences: list[_Sequence]
-    cache: Any
-    mask: torch.Tensor  # [rows, cache length], 1 on real tokens
-    lengths: torch.Tensor  # [rows], real tokens in the cache (= the next position id)
-    next_tokens: torch.Tensor  # [rows], sampled but not yet fed
-
-
-def pick_device(device: str | None = None) -> torch.device:
-    if device and device != "auto":
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def pick_dtype(device: torch.device, dtype: str | None = None) -> torch.dtype:
-    """float32 on CPU (whatever is asked: CPU half precision is slow and imprecise), else as asked (bf16)."""
-    if device.type == "cpu":
-        return torch.float32
-    return {"float32": torch.float32, "float16": torch.float16}.get(dtype or "bfloat16", torch.bfloat16)
-
-
-def _quiet_transformers() -> None:
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-
-
-def load_model(source: str | Path, device: torch.device, dtype: torch.dtype) -> Any:
-    """An HF causal LM from a folder, in eval mode on `device`."""
-    from transformers import AutoModelForCausalLM
-
-    _quiet_transformers()
-    model: Any = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype)
-    return model.to(device).eval()
-
-
-def _cache_argument(model: Any) -> str:
-    """The forward keyword of the KV cache: `cache` in recent transformers, `past_key_values` before."""
-    parameters = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in parameters else "past_key_values"
-
-
-def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config):
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list | tuple):
-            ids.update(int(v) for v in value)
-    if not ids and tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return frozenset(ids)
+# The engine's public names (and the internals its tests reach), wherever they are defined now.
+__all__ = [
+    "DEFAULT_PREFIX_CACHE_BYTES",
+    "FINISH_LENGTH",
+    "FINISH_STOP",
+    "_PREFILL_OVERHEAD_TOKENS",
+    "Engine",
+    "EngineClosedError",
+    "EngineError",
+    "EngineStats",
+    "GenerationOutput",
+    "InvalidRequestError",
+    "SampleOutput",
+    "SamplingParams",
+    "StaleVersionError",
+    "WeightLoadError",
+    "_Prefill",
+    "_nucleus",
+    "_prefill_groups",
+    "sample_tokens",
+]
 
 
 class Engine:
@@ -383,18 +191,18 @@ class Engine:
         if self.device.type == "cpu":
             retain_freed_memory()  # the [batch, vocab] logits of every decode step reuse freed buffers
         self._model = load_model(self.model_dir, self.device, self.dtype)
-        self._cache_kw = _cache_argument(self._model)
+        self._cache_kw = cache_argument(self._model)
         self.vocab_size = int(self._model.config.vocab_size)
         positions = int(getattr(self._model.config, "max_position_embeddings", 0) or 0) or 1 << 30
         self.max_model_len = min(max_model_len, positions) if max_model_len else positions
-        self.eos_token_ids = _eos_ids(self._model, self.tokenizer)
+        self.eos_token_ids = eos_ids(self._model, self.tokenizer)
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else min(self.eos_token_ids, default=0))
         self._version = policy_version
         self.metrics.policy_version.set(policy_version)
-        self._growable = _growable_cache(self._model)
+        self._growable = growable_cache(self._model)
         if prefix_cache_tokens is None:
-            prefix_cache_tokens = DEFAULT_PREFIX_CACHE_BYTES // _kv_bytes_per_token(self._model, self.dtype)
+            prefix_cache_tokens = DEFAULT_PREFIX_CACHE_BYTES // kv_bytes_per_token(self._model, self.dtype)
         self.prefix_cache_tokens = prefix_cache_tokens
         self._prefix = PrefixCache(prefix_cache_tokens, prefix_block_size)
         self.metrics.prefix_cache_capacity.set(prefix_cache_tokens if self._caching else 0)
@@ -443,31 +251,7 @@ class Engine:
 
     def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         """Raise `InvalidRequestError` when the request cannot be served."""
-        if not prompt_ids:
-            raise InvalidRequestError("the prompt is empty")
-        bad = [t for t in prompt_ids if not 0 <= int(t) < self.vocab_size]
-        if bad:
-            raise InvalidRequestError(f"prompt token ids out of the vocabulary [0, {self.vocab_size}): {bad[:5]}")
-        if params.max_tokens < 1:
-            raise InvalidRequestError("max_tokens must be >= 1")
-        if len(prompt_ids) + params.max_tokens > self.max_model_len:
-            raise InvalidRequestError(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
-                f"context of {self.max_model_len} tokens"
-            )
-        if not 1 <= params.n <= self.max_batch_size:
-            raise InvalidRequestError(f"n must be between 1 and {self.max_batch_size} (the max batch size)")
-        if not (params.temperature >= 0 and math.isfinite(params.temperature)):
-            raise InvalidRequestError("temperature must be a finite number >= 0")
-        if not 0 < params.top_p <= 1:
-            raise InvalidRequestError("top_p must be in (0, 1]")
-        if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidRequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
-        bad_stop = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
-        if bad_stop:
-            raise InvalidRequestError(f"stop_token_ids out of the vocabulary: {bad_stop[:5]}")
-        if any(not s for s in params.stop):
-            raise InvalidRequestError("stop strings must not be empty")
+        check_request(prompt_ids, params, self.vocab_size, self.max_model_len, self.max_batch_size)
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> GenerationOutput:
         """Queue a request and wait for all its `n` samples."""
@@ -530,56 +314,7 @@ class Engine:
 
     def _load_candidate(self, uri: str) -> Any:
         """A new model object holding the weights at `uri` (checked before it can be swapped in)."""
-        path = Path(uri.removeprefix("file://")).expanduser()
-        try:
-            if path.is_dir():
-                if not (path / "config.json").is_file():
-                    raise WeightLoadError(f"{uri}: folder has no config.json")
-                model = load_model(path, self.device, self.dtype)
-            elif path.is_file():
-                model = self._model_from_state_dict(path)
-            else:
-                raise WeightLoadError(f"{uri}: no such file or folder")
-        except WeightLoadError:
-            raise
-        except Exception as error:
-            raise WeightLoadError(f"{uri}: could not load weights: {type(error).__name__}: {error}") from error
-        vocab = int(model.config.vocab_size)
-        if vocab != self.vocab_size:
-            raise WeightLoadError(f"{uri}: vocabulary size {vocab} differs from the served model's {self.vocab_size}")
-        with torch.inference_mode():
-            probe = torch.tensor([[self.pad_token_id]], device=self.device)
-            logits = model(input_ids=probe).logits
-        if not torch.isfinite(logits).all():
-            raise WeightLoadError(f"{uri}: the new weights produce non-finite logits")
-        return model
-
-    def _model_from_state_dict(self, path: Path) -> Any:
-        from transformers import AutoModelForCausalLM
-
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            state = load_file(str(path))
-        elif path.suffix in (".pt", ".pth", ".bin"):
-            loaded = torch.load(str(path), map_location="cpu", weights_only=True)
-            state = loaded.get("model", loaded) if isinstance(loaded, dict) else loaded
-            if not isinstance(state, dict):
-                raise WeightLoadError(f"{path}: not a state dict")
-        else:
-            raise WeightLoadError(f"{path}: expected a model folder, .safetensors, .pt, .pth or .bin file")
-        model = AutoModelForCausalLM.from_config(self._model.config, dtype=self.dtype)
-        tied = {"lm_head.weight"} if getattr(self._model.config, "tie_word_embeddings", False) else set()
-        result = model.load_state_dict(state, strict=False)
-        missing = set(result.missing_keys) - tied
-        if missing or result.unexpected_keys:
-            raise WeightLoadError(
-                f"{path}: state dict does not match the served architecture "
-                f"(missing {sorted(missing)[:5]}, unexpected {sorted(result.unexpected_keys)[:5]})"
-            )
-        if tied:
-            model.tie_weights()
-        return model.to(self.device).eval()
+        return load_candidate(uri, self._model.config, self.vocab_size, self.pad_token_id, self.device, self.dtype)
 
     # ------------------------------------------------------------------ worker thread
 
@@ -656,10 +391,10 @@ class Engine:
         assert swap is not None
         old = self._model
         self._model = swap.model
-        self._cache_kw = _cache_argument(self._model)
+        self._cache_kw = cache_argument(self._model)
         self._version = swap.version
-        self.eos_token_ids = _eos_ids(self._model, self.tokenizer)
-        self._growable = _growable_cache(self._model)
+        self.eos_token_ids = eos_ids(self._model, self.tokenizer)
+        self._growable = growable_cache(self._model)
         self.metrics.prefix_cache_capacity.set(self._prefix.max_tokens if self._caching else 0)
         # KV computed by the old weights must never serve the new ones.
         dropped = self._prefix.clear()
@@ -767,38 +502,8 @@ class Engine:
     def _share_prefixes(self, rows: list[_Prefill]) -> bool:
         """Prefill once (and store) each prompt prefix that several of `rows` share beyond their cache hits, at
         block granularity, when that saves more than a forward pass costs; True when it did (look up again)."""
-        if len(rows) < 2:
-            return False
-        size = self._prefix.block_size
-        chains = [block_keys(row.ids, size, len(row.ids) - 1) for row in rows]
-        counts: dict[int, int] = {}
-        for chain in chains:
-            for key in chain:
-                counts[key] = counts.get(key, 0) + 1
-        shared: dict[int, tuple[int, int]] = {}  # last block key of a shared prefix -> (a row with it, blocks)
-        saved = 0
-        for index, (row, chain) in enumerate(zip(rows, chains, strict=True)):
-            depth = 0
-            while depth < len(chain) and counts[chain[depth]] > 1:
-                depth += 1
-            if depth * size >= row.cached + size:
-                shared.setdefault(chain[depth - 1], (index, depth))
-                saved += depth * size - row.cached
-        # A shared prefix that starts a longer shared prefix is served by the longer one's entry.
-        inner = {key for index, depth in shared.values() for key in chains[index][: depth - 1]}
-        jobs: list[_Prefill] = []
-        for key, (index, depth) in shared.items():
-            if key in inner:
-                continue
-            ids = rows[index].ids
-            # Past the last shared block, up to where the rows sharing it part (or the shortest one ends).
-            length = len(ids) - 1
-            for other, chain in zip(rows, chains, strict=True):
-                if len(chain) >= depth and chain[depth - 1] == key:
-                    length = common_prefix(ids, other.ids, depth * size, min(length, len(other.ids) - 1))
-            jobs.append(_Prefill(ids[:length], [], None, rows[index].entry, rows[index].cached))
-        cost = sum(job.suffix for job in jobs) + _PREFILL_OVERHEAD_TOKENS
-        if saved - cost < _PREFILL_OVERHEAD_TOKENS:
+        jobs = shared_prefix_jobs(rows, self._prefix.block_size)
+        if jobs is None:
             return False
         for group in _prefill_groups(jobs):
             self._prefill(group)
@@ -809,18 +514,7 @@ class Engine:
         """One forward pass over the rows' uncached ids. Stores each row's KV in the prefix cache; returns the
         rows' sequences as a batch (None when the rows have none)."""
         rows = len(group)
-        width = max(row.suffix for row in group)
-        cached = max(row.cached for row in group)
-        input_ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((rows, cached + width), dtype=torch.long)
-        for r, row in enumerate(group):
-            input_ids[r, width - row.suffix :] = torch.tensor(row.ids[row.cached :], dtype=torch.long)
-            mask[r, cached - row.cached : cached] = 1
-            mask[r, cached + width - row.suffix :] = 1
-        input_ids = input_ids.to(self.device)
-        mask = mask.to(self.device)
-        # Position ids count each row's real tokens: its cached prefix keeps positions 0..cached-1.
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, cached:]
+        input_ids, mask, positions, cached, width = prefill_inputs(group, self.pad_token_id, self.device)
         cache = self._new_cache(group, cached, width)
         logits = self._forward(input_ids, mask, positions, cache)
         computed = sum(row.suffix for row in group)
@@ -848,28 +542,7 @@ class Engine:
         return _Batch(sequences=sequences, cache=cache, mask=mask, lengths=lengths, next_tokens=next_tokens)
 
     def _new_cache(self, group: list[_Prefill], cached: int, width: int) -> Any:
-        """A cache for a prefill of `width` new columns after `cached` columns of the rows' cached prefixes
-        (each right-aligned, zeros before it)."""
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self._model.config)
-        if not self._growable:
-            return cache
-        entries = [row.entry for row in group if row.entry is not None]
-        for i in range(len(cache.layers)):
-            if not cached or not entries:
-                cache.layers[i] = GrowingLayer()
-                continue
-            like_keys, like_values = entries[0].keys[i], entries[0].values[i]
-            capacity = cached + width + spare_columns(cached + width)
-            keys = like_keys.new_zeros((len(group), like_keys.shape[0], capacity, like_keys.shape[2]))
-            values = like_values.new_zeros((len(group), like_values.shape[0], capacity, like_values.shape[2]))
-            for r, row in enumerate(group):
-                if row.entry is not None and row.cached:
-                    keys[r, :, cached - row.cached : cached].copy_(row.entry.keys[i][:, : row.cached])
-                    values[r, :, cached - row.cached : cached].copy_(row.entry.values[i][:, : row.cached])
-            cache.layers[i] = GrowingLayer.from_buffers(keys, values, cached)
-        return cache
+        return new_cache(self._model.config, self._growable, group, cached, width)
 
     def _store(self, ids: list[int], cache: Any, mask: torch.Tensor, row: int) -> None:
         """Put the KV of `ids` (row `row` of `cache`, at the columns where `mask` is 1) in the prefix cache."""
@@ -901,22 +574,7 @@ class Engine:
         self.metrics.prefix_cache_entries.set(len(self._prefix))
 
     def _merge(self, batches: list[_Batch]) -> _Batch:
-        """One batch from several: the others' rows are copied into the first's free rows, each cache
-        left-padded (masked) to the longest one."""
-        if len(batches) == 1:
-            return batches[0]
-        width = max(batch.mask.shape[1] for batch in batches)
-        cache = batches[0].cache
-        for i, layer in enumerate(cache.layers):
-            for batch in batches[1:]:
-                layer.append_rows(batch.cache.layers[i], max_rows=self.max_batch_size)
-        return _Batch(
-            sequences=[seq for batch in batches for seq in batch.sequences],
-            cache=cache,
-            mask=torch.cat([F.pad(batch.mask, (width - batch.mask.shape[1], 0)) for batch in batches]),
-            lengths=torch.cat([batch.lengths for batch in batches]),
-            next_tokens=torch.cat([batch.next_tokens for batch in batches]),
-        )
+        return merge_batches(batches, self.max_batch_size)
 
     def _decode_step(self) -> None:
         batch = self._batch
@@ -936,72 +594,10 @@ class Engine:
         self._retire_finished()
 
     def _sample(self, sequences: list[_Sequence], logits: torch.Tensor) -> torch.Tensor:
-        """Pick each sequence's next token, record it with its raw logprob, and check the stop conditions."""
-        logprobs = torch.log_softmax(logits, dim=-1)
-        sampled_rows = [row for row, s in enumerate(sequences) if s.params.temperature > 0]
-        if len(sampled_rows) == len(sequences):  # no greedy row: no argmax, no row gather / scatter
-            chosen = sample_tokens(
-                logits,
-                [s.params.temperature for s in sequences],
-                [s.params.top_p for s in sequences],
-                [s.generator for s in sequences],
-            )
-        else:
-            chosen = torch.argmax(logits, dim=-1)
-            if sampled_rows:
-                index = torch.tensor(sampled_rows, device=logits.device)
-                chosen[index] = sample_tokens(
-                    logits.index_select(0, index),
-                    [sequences[row].params.temperature for row in sampled_rows],
-                    [sequences[row].params.top_p for row in sampled_rows],
-                    [sequences[row].generator for row in sampled_rows],
-                )
-        chosen_lp = logprobs.gather(1, chosen[:, None])[:, 0]
-        tokens = chosen.tolist()
-        token_lps = chosen_lp.tolist()
-        k = max((s.params.top_logprobs for s in sequences), default=0)
-        top_values: list[list[float]] = []
-        top_ids: list[list[int]] = []
-        if k:
-            top = torch.topk(logprobs, k, dim=-1)
-            top_values, top_ids = top.values.tolist(), top.indices.tolist()
-        for row, seq in enumerate(sequences):
-            if seq.finish_reason is not None:
-                continue
-            token = int(tokens[row])
-            seq.token_ids.append(token)
-            seq.logprobs.append(float(token_lps[row]))
-            if seq.top is not None:
-                n_top = seq.params.top_logprobs
-                entry = dict(zip(top_ids[row][:n_top], top_values[row][:n_top], strict=True))
-                entry[token] = float(token_lps[row])
-                seq.top.append(entry)
-            self._advance_text(seq, token)
+        chosen = sample_next(sequences, logits, self._backend_tokenizer)
         self.stats.generated_tokens += len(sequences)
         self.metrics.generated_tokens.inc(len(sequences))
         return chosen
-
-    def _advance_text(self, seq: _Sequence, token: int) -> None:
-        chunk = seq.decoder.step(self._backend_tokenizer, token)
-        if chunk:
-            searched_from = max(0, len(seq.text) - seq.max_stop_len + 1)
-            seq.text += chunk
-            if seq.params.stop:
-                hits = [(seq.text.find(s, searched_from), s) for s in seq.params.stop]
-                found = [(pos, s) for pos, s in hits if pos >= 0]
-                if found:
-                    pos, stop = min(found)
-                    seq.text = seq.text[:pos]
-                    seq.finish_reason = FINISH_STOP
-                    seq.stop_reason = stop
-                    return
-        if token in seq.stop_ids:
-            seq.finish_reason = FINISH_STOP
-            # vLLM's convention: the id for a requested stop token, None for the model's EOS.
-            seq.stop_reason = token if token in seq.params.stop_token_ids else None
-            return
-        if len(seq.token_ids) >= seq.params.max_tokens:
-            seq.finish_reason = FINISH_LENGTH
 
     def _retire_finished(self) -> None:
         """Hand finished (or cancelled) sequences back, cache their KV, and drop their rows from the batch."""
@@ -1032,23 +628,7 @@ class Engine:
             self._batch = None
             self.metrics.running.set(0)
             return
-        # The last remaining rows move into the leavers' places: only they are copied.
-        order, gaps, moved = compaction(keep, len(batch.sequences))
-        index = torch.tensor(order, device=batch.mask.device)
-        mask = batch.mask.index_select(0, index)
-        # Columns that are padding in every remaining row are dead weight: trim them.
-        first_real = int(torch.argmax((mask.sum(0) > 0).to(torch.int8)).item())
-        for layer in batch.cache.layers:
-            if isinstance(layer, GrowingLayer):
-                layer.move_rows(gaps, moved, len(order))
-                layer.drop_leading(first_real)
-            else:
-                layer.keys = layer.keys.index_select(0, index)[:, :, first_real:, :]
-                layer.values = layer.values.index_select(0, index)[:, :, first_real:, :]
-        batch.mask = mask[:, first_real:]
-        batch.sequences = [batch.sequences[row] for row in order]
-        batch.lengths = batch.lengths.index_select(0, index)
-        batch.next_tokens = batch.next_tokens.index_select(0, index)
+        keep_rows(batch, keep)
 
     def _complete(self, request: _Request) -> None:
         elapsed = time.perf_counter() - request.admitted
@@ -1062,135 +642,3 @@ class Engine:
             generation_seconds=elapsed,
         )
         self._resolve(request, output)
-
-
-def _growable_cache(model: Any) -> bool:
-    """Whether the model's KV cache is plain full-attention `DynamicLayer`s: the running batch then uses
-    `GrowingLayer`s, merges newly admitted requests, and the prefix cache can serve it."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
-
-    layers = DynamicCache(config=model.config).layers
-    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
-
-
-def _kv_bytes_per_token(model: Any, dtype: torch.dtype) -> int:
-    """Bytes of keys and values one token takes in the KV cache (all layers)."""
-    config = model.config.get_text_config(decoder=True)
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    element = torch.empty((), dtype=dtype).element_size()
-    return max(1, 2 * int(config.num_hidden_layers) * kv_heads * head_dim * element)
-
-
-def _select_rows(cache: Any, rows: torch.Tensor) -> None:
-    """Keep `rows` of every cache layer (in that order, repeats allowed)."""
-    for layer in cache.layers:
-        if isinstance(layer, GrowingLayer):
-            layer.select(rows)
-        else:
-            layer.keys = layer.keys.index_select(0, rows)
-            layer.values = layer.values.index_select(0, rows)
-
-
-def _prefill_groups(rows: list[_Prefill], overhead: int = _PREFILL_OVERHEAD_TOKENS) -> list[list[_Prefill]]:
-    """Split prefill rows into forward passes: rows sorted by uncached length, cut where that minimises the
-    estimated cost, `overhead` per pass + rows x longest uncached length (padding is computed too)."""
-    order = sorted(rows, key=lambda row: row.suffix, reverse=True)
-    count = len(order)
-    best = [0.0] + [math.inf] * count
-    cut = [0] * (count + 1)
-    for end in range(1, count + 1):
-        for start in range(end):
-            cost = best[start] + overhead + (end - start) * order[start].suffix
-            if cost < best[end]:
-                best[end], cut[end] = cost, start
-    groups: list[list[_Prefill]] = []
-    end = count
-    while end:
-        groups.append(order[cut[end] : end])
-        end = cut[end]
-    groups.reverse()
-    return groups
-
-
-def sample_tokens(
-    logits: torch.Tensor,
-    temperatures: Sequence[float],
-    top_ps: Sequence[float],
-    generators: Sequence[torch.Generator | None],
-) -> torch.Tensor:
-    """One token per row from softmax(logits / temperature), restricted to the row's top-p nucleus.
-
-    Inverse-CDF sampling with one uniform draw from each row's own generator: the distribution of
-    `torch.multinomial`, at a fraction of the cost of one multinomial call per row. Rows with top-p 1
-    walk the CDF in vocabulary order; the others walk their nucleus, most likely token first.
-    """
-    scaled = logits
-    if any(t != 1.0 for t in temperatures):  # x / 1 == x: skip a full-vocabulary pass in the common case
-        temps = torch.tensor(temperatures, device=logits.device, dtype=logits.dtype).unsqueeze(1)
-        scaled = logits / temps
-    uniforms = torch.stack([torch.rand((), generator=g, device=logits.device) for g in generators])
-    top_p = torch.tensor(top_ps, device=logits.device, dtype=logits.dtype)
-    truncated = top_p < 1
-    if not bool(truncated.any()):
-        return _inverse_cdf(torch.softmax(scaled, dim=-1), uniforms)
-    if bool(truncated.all()):
-        return _sample_nucleus(scaled, top_p, uniforms)
-    tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-    whole, rows = torch.nonzero(~truncated).flatten(), torch.nonzero(truncated).flatten()
-    tokens[whole] = _inverse_cdf(torch.softmax(scaled[whole], dim=-1), uniforms[whole])
-    tokens[rows] = _sample_nucleus(scaled[rows], top_p[rows], uniforms[rows])
-    return tokens
-
-
-def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Per row, the column where the running sum of ``probs`` first exceeds ``uniform`` x the row's total."""
-    cdf = probs.cumsum(dim=-1)
-    targets = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
-    return torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
-
-
-NUCLEUS_WIDTHS = (64, 1024)
-"""Candidates a row's nucleus is looked for among (`torch.topk`), in turn, before its whole vocabulary is sorted."""
-
-
-def _sample_nucleus(
-    scaled: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor, widths: Sequence[int] = NUCLEUS_WIDTHS
-) -> torch.Tensor:
-    """One token per row from its top-p nucleus, looked for among the first of ``widths`` candidates, the rows whose
-    nucleus is wider among the next, and so on; past the last, the whole vocabulary is sorted. A policy's nucleus
-    is a few tokens, and a top-k costs a fraction of a full sort at every decode step."""
-    vocabulary = scaled.shape[-1]
-    width = min(widths[0], vocabulary) if widths else vocabulary
-    probs, ids, inside = _nucleus(scaled, top_p, width)
-    tokens = ids.gather(1, _inverse_cdf(probs, uniforms).unsqueeze(1)).squeeze(1)
-    if bool(inside.all()):
-        return tokens
-    rows = torch.nonzero(~inside).flatten()
-    # Every token past the candidates is at most as likely as the last one (all candidates are kept in these rows):
-    # a wider set of candidates that cannot reach top_p even so is not worth a top-k.
-    held, smallest = probs[rows].sum(dim=-1), probs[rows, -1]
-    wider = [w for w in widths[1:] if bool((held + (w - width) * smallest >= top_p[rows]).any())]
-    tokens[rows] = _sample_nucleus(scaled[rows], top_p[rows], uniforms[rows], wider)
-    return tokens
-
-
-def _nucleus(scaled: torch.Tensor, top_p: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Among each row's ``width`` most likely tokens: its top-p nucleus and whether the nucleus lies inside them.
-
-    The nucleus is the smallest set of most likely tokens whose probability reaches ``top_p``. Returns the
-    candidates' probabilities (most likely first, 0 past the nucleus), their token ids, and per row whether the
-    candidates hold ``top_p`` of the mass: then the nucleus is inside them, exactly.
-    """
-    if width >= scaled.shape[-1]:
-        top_logits, ids = torch.sort(scaled, dim=-1, descending=True)
-    else:
-        top_logits, ids = scaled.topk(width, dim=-1)
-    probs = torch.exp(top_logits - torch.logsumexp(scaled, dim=-1, keepdim=True))
-    through = probs.cumsum(dim=-1)
-    keep = through - probs < top_p.unsqueeze(1)  # the mass of the strictly more likely tokens is short of top_p
-    keep[:, 0] = True
-    inside = (through[:, -1] >= top_p) | (width >= scaled.shape[-1])
-    return probs * keep, ids, inside

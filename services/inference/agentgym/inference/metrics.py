@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -99,3 +101,28 @@ class InferenceMetrics:
         )
         for reason in ("capacity", "superseded", "weights"):
             self.prefix_cache_evictions.labels(reason)
+
+
+@dataclass
+class EngineStats:
+    """Counters read by tests and the benchmark (the Prometheus metrics carry the same figures)."""
+
+    requests: int = 0
+    sequences: int = 0
+    prefill_batches: int = 0
+    decode_steps: int = 0
+    prefill_rows: int = 0
+    decode_rows: int = 0
+    generated_tokens: int = 0
+    max_running: int = 0
+    swaps: int = 0
+    prompt_tokens: int = 0
+    """Prompt tokens of admitted requests (one per request, whatever its `n`)."""
+    prefill_tokens: int = 0
+    """Tokens run through prefill forward passes (padding excluded)."""
+    prefix_lookups: int = 0
+    prefix_hits: int = 0
+    prefix_hit_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache (one count per request, like `prompt_tokens`)."""
+    shared_prefills: int = 0
+    """Prefixes shared by requests admitted together, prefilled once for all of them."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import time
 import uuid
@@ -35,8 +36,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-# The HTTP input guards shared with the environment services (plain ASGI/pydantic code, no environment).
-from agentgym.envs.server.limits import BodySizeLimit, safe_text, valid_unicode
 from agentgym.inference.client import POLICY_VERSION_HEADER
 from agentgym.inference.engine import (
     Engine,
@@ -48,6 +47,7 @@ from agentgym.inference.engine import (
     StaleVersionError,
     WeightLoadError,
 )
+from agentgym.input_bounds import BodySizeLimit, safe_text, valid_unicode
 from agentgym.serving import UvicornWithoutSignals
 
 log = logging.getLogger(__name__)
@@ -522,5 +522,11 @@ async def serve(
 
 
 def run(model: str, **kwargs: Any) -> None:
+    """The inference service's composition root (`agentgym inference serve`): telemetry when it is configured,
+    then `serve` until interrupted."""
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("AGENTGYM_TELEMETRY_DIR"):
+        from agentgym.telemetry import setup_telemetry
+
+        setup_telemetry("inference")
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(model, **kwargs))

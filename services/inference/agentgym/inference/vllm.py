@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import aiohttp
 
-from agentgym.inference.client import InferenceError
+from agentgym.inference.errors import InferenceError
 
 PauseMode = Literal["wait", "abort", "keep"]
 DEFAULT_PACKED_BUFFER_SIZE_BYTES = 1 << 30

@@ -23,7 +23,7 @@ import numpy as np
 from gymnasium.envs.registration import load_env_creator
 from minigrid.envs.babyai.core.roomgrid_level import RoomGridLevel
 
-from agentgym.envs.babyai.levels import LEVELS, gym_id
+from agentgym.envs.babyai.names import LEVELS, gym_id
 
 # `contextlib.redirect_stdout` swaps the process-wide `sys.stdout`. Two threads doing it at once
 # could restore each other's sink and leave stdout silenced for good, so all swaps go through

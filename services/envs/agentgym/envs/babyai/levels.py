@@ -17,61 +17,22 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from agentgym.envs.babyai.names import LEVEL_INDEX, LEVELS, gym_id
 from agentgym.envs.base import TaskCatalog, UnknownTaskError
 
-# The level set of AgentGym's BabyAI environment (agentenv-babyai, 40 levels), adjusted where
-# minigrid 3.2 or the BabyAI bot demands it:
-#   - the three *Debug variants AgentGym used (OpenRedBlueDoorsDebug, OpenDoorsOrderN4Debug,
-#     PickupDistDebug) are replaced by their regular versions;
-#   - KeyInBox and PutNextS7N4Carrying, which minigrid's BabyAIBot cannot solve, are replaced by
-#     UnlockPickup and PutNextS7N4, and UnlockToUnlock, where the bot loops forever on about a
-#     quarter of the layouts, by UnlockLocal;
-#   - GoToObjS6 is registered as ``-v1`` in minigrid 3.2.
-LEVELS: tuple[str, ...] = (
-    "GoToRedBallGrey",
-    "GoToRedBall",
-    "GoToRedBallNoDists",
-    "GoToObjS6",
-    "GoToLocalS8N7",
-    "GoToObjMazeS7",
-    "GoToImpUnlock",
-    "GoToSeqS5R2",
-    "GoToRedBlueBall",
-    "GoToDoor",
-    "GoToObjDoor",
-    "Open",
-    "OpenRedDoor",
-    "OpenDoorLoc",
-    "OpenRedBlueDoors",
-    "OpenDoorsOrderN4",
-    "Pickup",
-    "UnblockPickup",
-    "PickupLoc",
-    "PickupDist",
-    "PickupAbove",
-    "PutNextLocalS6N4",
-    "PutNextS7N4",
-    "Unlock",
-    "UnlockLocalDist",
-    "UnlockPickup",
-    "UnlockPickupDist",
-    "BlockedUnlockPickup",
-    "UnlockLocal",
-    "ActionObjDoor",
-    "FindObjS7",
-    "KeyCorridorS6R3",
-    "OneRoomS20",
-    "MoveTwoAcrossS8N9",
-    "SynthS5R2",
-    "SynthLoc",
-    "SynthSeq",
-    "MiniBossLevel",
-    "BossLevel",
-    "BossLevelNoUnlock",
-)
-
-# Levels whose current gymnasium id is not ``-v0``.
-_GYM_VERSIONS: dict[str, int] = {"GoToObjS6": 1}
+__all__ = [
+    "LEVELS",
+    "LEVEL_SUBSETS",
+    "TEST_PER_LEVEL",
+    "TEST_SEED_START",
+    "TRAIN_PER_LEVEL",
+    "TRAIN_SEED_START",
+    "BabyAICatalog",
+    "BabyAITask",
+    "catalog",
+    "gym_id",
+    "parse_task_id",
+]
 
 TEST_PER_LEVEL = 25
 TRAIN_PER_LEVEL = 1000
@@ -90,15 +51,7 @@ LEVEL_SUBSETS: dict[str, tuple[str, ...]] = {
     "easy": ("GoToRedBallGrey", "GoToRedBall", "GoToRedBallNoDists"),
 }
 
-_LEVEL_INDEX: dict[str, int] = {level: i for i, level in enumerate(LEVELS)}
 _TASK_ID_RE = re.compile(r"^(?P<level>[A-Za-z0-9]+)/s(?P<seed>0|[1-9][0-9]*)$")
-
-
-def gym_id(level: str) -> str:
-    """The gymnasium id of a catalog level, e.g. ``BabyAI-GoToRedBall-v0``."""
-    if level not in _LEVEL_INDEX:
-        raise UnknownTaskError(f"unknown BabyAI level {level!r}")
-    return f"BabyAI-{level}-v{_GYM_VERSIONS.get(level, 0)}"
 
 
 @dataclass(frozen=True)
@@ -133,7 +86,7 @@ def parse_task_id(task_id: str) -> BabyAITask:
             f"malformed BabyAI task id {task_id!r}; expected '<Level>/s<seed>', e.g. 'GoToRedBall/s0'"
         )
     level, seed = match["level"], int(match["seed"])
-    if level not in _LEVEL_INDEX:
+    if level not in LEVEL_INDEX:
         raise UnknownTaskError(f"unknown BabyAI level {level!r} in task id {task_id!r}")
     split = _split_of_seed(seed)
     if split is None:
@@ -168,7 +121,7 @@ class BabyAICatalog(TaskCatalog):
         """Inverse of `task_id`: the index of `task_id` within its split."""
         task = parse_task_id(task_id)
         first, _ = _SPLIT_SEEDS[task.split]
-        return (task.seed - first) * len(LEVELS) + _LEVEL_INDEX[task.level]
+        return (task.seed - first) * len(LEVELS) + LEVEL_INDEX[task.level]
 
     def describe(self, task_id: str) -> dict[str, Any]:
         """Split, level, gym id, seed, plus the mission and step limit (generates the level: ~ms)."""

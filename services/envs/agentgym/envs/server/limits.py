@@ -9,11 +9,28 @@ field instead of failing later on the way out.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field
+
+# The guards every HTTP front end shares (the inference server too) live in common; re-exported here.
+from agentgym.input_bounds import ASGIApp, safe_text, valid_unicode
+from agentgym.input_bounds import BodySizeLimit as _BodySizeLimit
+
+__all__ = [
+    "MAX_ACTION_CHARS",
+    "MAX_BODY_BYTES",
+    "MAX_NAME_CHARS",
+    "ActionText",
+    "BodyIndex",
+    "BodyInt",
+    "BodySizeLimit",
+    "NameText",
+    "json_integer",
+    "safe_text",
+    "valid_unicode",
+]
 
 # One action, on every route. AgentGym's WebArena and Deep Search clients send the model's whole reply
 # (chain of thought included) and the server extracts the action: 16 Ki characters is ~4k tokens, 8x the
@@ -27,15 +44,6 @@ MAX_NAME_CHARS = 1_024
 # escaped in JSON as up to 12 bytes (an astral character written as a \uXXXX\uXXXX pair): 192 KiB, plus
 # the other fields. Checked before the body is read into memory or parsed (413 past it).
 MAX_BODY_BYTES = 262_144
-
-
-def valid_unicode(value: str) -> str:
-    """`value` unchanged, or a ValueError when it holds a lone surrogate (not encodable as UTF-8)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise ValueError(f"not valid Unicode: a lone surrogate at character {error.start}") from None
-    return value
 
 
 ActionText = Annotated[str, Field(max_length=MAX_ACTION_CHARS), AfterValidator(valid_unicode)]
@@ -57,28 +65,8 @@ BodyInt = Annotated[int, BeforeValidator(json_integer)]
 BodyIndex = Annotated[int, Field(ge=0), BeforeValidator(json_integer)]
 
 
-def safe_text(value: object, limit: int = 500) -> str:
-    """`value` as text that can always be encoded into a response: lone surrogates escaped, cut to `limit`."""
-    text = value if isinstance(value, str) else str(value)
-    if len(text) > limit:
-        text = text[:limit] + "…"
-    return text.encode("utf-8", errors="backslashreplace").decode("utf-8")
-
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-class BodySizeLimit:
-    """ASGI middleware: a request body over `max_bytes` is answered 413 before the app reads any of it.
-
-    A declared Content-Length over the cap is refused at once (the server enforces the declared length,
-    so a body that passes this check cannot be larger). A body without one (chunked) is buffered up to
-    the cap and refused as soon as it passes it. `payload(message)` builds the JSON error body.
-    """
+class BodySizeLimit(_BodySizeLimit):
+    """The shared body cap middleware with the environment services' limit by default."""
 
     def __init__(
         self,
@@ -86,69 +74,4 @@ class BodySizeLimit:
         max_bytes: int = MAX_BODY_BYTES,
         payload: Callable[[str], dict[str, Any]] | None = None,
     ) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-        self.payload = payload or (lambda message: {"detail": message, "error": message})
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = None
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = None
-                break
-        if declared is not None:
-            if declared > self.max_bytes:
-                await self._refuse(send)
-                return
-            await self.app(scope, receive, send)
-            return
-        if not any(name == b"transfer-encoding" for name, _ in scope.get("headers", ())):
-            await self.app(scope, receive, send)  # no body at all
-            return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                await self._refuse(send)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _refuse(self, send: Send) -> None:
-        message = f"request body too large: at most {self.max_bytes} bytes"
-        content = json.dumps(self.payload(message)).encode("utf-8")
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(content)).encode("ascii")),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": content})
+        super().__init__(app, max_bytes, payload)

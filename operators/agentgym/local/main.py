@@ -1,0 +1,61 @@
+"""`agentgym run`'s composition root: the local runner, its progress display, and signal handling.
+
+The CLI (operators/agentgym/cli/main.py) validates the command line and the run directory, then calls
+`run_locally`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+
+from agentgym.local.live import Progress
+from agentgym.local.run_eval import RunEvalSettings
+from agentgym.local.runner import LocalRunner
+from agentgym.spec import TrainingRun
+
+
+def run_locally(
+    run: TrainingRun,
+    directory: Path,
+    *,
+    resume: bool,
+    eval_settings: RunEvalSettings,
+    live: bool,
+    console: Console,
+) -> int:
+    """Run `run` in `directory` until it finishes or SIGINT/SIGTERM; print its outcome. Returns the exit code."""
+    directory.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=[logging.FileHandler(directory / "runner.log")],
+    )
+    runner = LocalRunner(run, directory, resume=resume, eval_settings=eval_settings)
+    progress = Progress(run.metadata.name, run.spec.trainer.total_steps, console, directory / "steps.log")
+    runner.status.listeners.append(progress.update)
+    console.print(f"[bold]agentgym run[/] {run.metadata.name} -> {directory}  (logs: {directory / 'logs'})")
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        return await runner.run_until_done(stop)
+
+    if live and console.is_terminal:
+        with Live(console=console, refresh_per_second=2) as panel:
+            progress.live = panel
+            code = asyncio.run(main())
+    else:
+        code = asyncio.run(main())
+    status = runner.status.status
+    console.print(f"[bold]{status.phase}[/] at step {status.step}; status: {directory / 'status.json'}")
+    for line in runner.summary_lines():  # held-out success before training, after SFT, at the end
+        console.print(line, soft_wrap=True)
+    return code

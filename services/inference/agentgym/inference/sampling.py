@@ -1,0 +1,157 @@
+"""Sampling parameters and the token sampler of the inference engine.
+
+Sampling: `temperature` 0 is greedy; otherwise the logits are divided by the temperature, nucleus-filtered
+with `top_p`, and sampled with a per-sequence `torch.Generator` (seeded from the request's `seed` and the
+sample index, so a seeded request is reproducible when its batch composition is the same). The nucleus is
+looked for among each row's most likely tokens (a top-k) before any whole vocabulary is sorted:
+`benchmarks/sampler_bench.py`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from agentgym.inference.errors import InvalidRequestError
+
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+    top_logprobs: int = 0
+    """Also return the `top_logprobs` most likely tokens (raw model logprobs) at each position."""
+
+
+def _sample_seed(seed: int | None, index: int) -> int:
+    """The generator seed of sample `index`: derived from the request seed, or random when it has none."""
+    if seed is None:
+        return random.SystemRandom().getrandbits(63)
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    temperatures: Sequence[float],
+    top_ps: Sequence[float],
+    generators: Sequence[torch.Generator | None],
+) -> torch.Tensor:
+    """One token per row from softmax(logits / temperature), restricted to the row's top-p nucleus.
+
+    Inverse-CDF sampling with one uniform draw from each row's own generator: the distribution of
+    `torch.multinomial`, at a fraction of the cost of one multinomial call per row. Rows with top-p 1
+    walk the CDF in vocabulary order; the others walk their nucleus, most likely token first.
+    """
+    scaled = logits
+    if any(t != 1.0 for t in temperatures):  # x / 1 == x: skip a full-vocabulary pass in the common case
+        temps = torch.tensor(temperatures, device=logits.device, dtype=logits.dtype).unsqueeze(1)
+        scaled = logits / temps
+    uniforms = torch.stack([torch.rand((), generator=g, device=logits.device) for g in generators])
+    top_p = torch.tensor(top_ps, device=logits.device, dtype=logits.dtype)
+    truncated = top_p < 1
+    if not bool(truncated.any()):
+        return _inverse_cdf(torch.softmax(scaled, dim=-1), uniforms)
+    if bool(truncated.all()):
+        return _sample_nucleus(scaled, top_p, uniforms)
+    tokens = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    whole, rows = torch.nonzero(~truncated).flatten(), torch.nonzero(truncated).flatten()
+    tokens[whole] = _inverse_cdf(torch.softmax(scaled[whole], dim=-1), uniforms[whole])
+    tokens[rows] = _sample_nucleus(scaled[rows], top_p[rows], uniforms[rows])
+    return tokens
+
+
+def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Per row, the column where the running sum of ``probs`` first exceeds ``uniform`` x the row's total."""
+    cdf = probs.cumsum(dim=-1)
+    targets = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
+    return torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
+
+
+NUCLEUS_WIDTHS = (64, 1024)
+"""Candidates a row's nucleus is looked for among (`torch.topk`), in turn, before its whole vocabulary is sorted."""
+
+
+def _sample_nucleus(
+    scaled: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor, widths: Sequence[int] = NUCLEUS_WIDTHS
+) -> torch.Tensor:
+    """One token per row from its top-p nucleus, looked for among the first of ``widths`` candidates, the rows whose
+    nucleus is wider among the next, and so on; past the last, the whole vocabulary is sorted. A policy's nucleus
+    is a few tokens, and a top-k costs a fraction of a full sort at every decode step."""
+    vocabulary = scaled.shape[-1]
+    width = min(widths[0], vocabulary) if widths else vocabulary
+    probs, ids, inside = _nucleus(scaled, top_p, width)
+    tokens = ids.gather(1, _inverse_cdf(probs, uniforms).unsqueeze(1)).squeeze(1)
+    if bool(inside.all()):
+        return tokens
+    rows = torch.nonzero(~inside).flatten()
+    # Every token past the candidates is at most as likely as the last one (all candidates are kept in these rows):
+    # a wider set of candidates that cannot reach top_p even so is not worth a top-k.
+    held, smallest = probs[rows].sum(dim=-1), probs[rows, -1]
+    wider = [w for w in widths[1:] if bool((held + (w - width) * smallest >= top_p[rows]).any())]
+    tokens[rows] = _sample_nucleus(scaled[rows], top_p[rows], uniforms[rows], wider)
+    return tokens
+
+
+def _nucleus(scaled: torch.Tensor, top_p: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Among each row's ``width`` most likely tokens: its top-p nucleus and whether the nucleus lies inside them.
+
+    The nucleus is the smallest set of most likely tokens whose probability reaches ``top_p``. Returns the
+    candidates' probabilities (most likely first, 0 past the nucleus), their token ids, and per row whether the
+    candidates hold ``top_p`` of the mass: then the nucleus is inside them, exactly.
+    """
+    if width >= scaled.shape[-1]:
+        top_logits, ids = torch.sort(scaled, dim=-1, descending=True)
+    else:
+        top_logits, ids = scaled.topk(width, dim=-1)
+    probs = torch.exp(top_logits - torch.logsumexp(scaled, dim=-1, keepdim=True))
+    through = probs.cumsum(dim=-1)
+    keep = through - probs < top_p.unsqueeze(1)  # the mass of the strictly more likely tokens is short of top_p
+    keep[:, 0] = True
+    inside = (through[:, -1] >= top_p) | (width >= scaled.shape[-1])
+    return probs * keep, ids, inside
+
+
+def check_request(
+    prompt_ids: Sequence[int], params: SamplingParams, vocab_size: int, max_model_len: int, max_batch_size: int
+) -> None:
+    """Raise `InvalidRequestError` when the request cannot be served by a model of `vocab_size` tokens and
+    `max_model_len` positions with batches of `max_batch_size` sequences."""
+    if not prompt_ids:
+        raise InvalidRequestError("the prompt is empty")
+    bad = [t for t in prompt_ids if not 0 <= int(t) < vocab_size]
+    if bad:
+        raise InvalidRequestError(f"prompt token ids out of the vocabulary [0, {vocab_size}): {bad[:5]}")
+    if params.max_tokens < 1:
+        raise InvalidRequestError("max_tokens must be >= 1")
+    if len(prompt_ids) + params.max_tokens > max_model_len:
+        raise InvalidRequestError(
+            f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
+            f"context of {max_model_len} tokens"
+        )
+    if not 1 <= params.n <= max_batch_size:
+        raise InvalidRequestError(f"n must be between 1 and {max_batch_size} (the max batch size)")
+    if not (params.temperature >= 0 and math.isfinite(params.temperature)):
+        raise InvalidRequestError("temperature must be a finite number >= 0")
+    if not 0 < params.top_p <= 1:
+        raise InvalidRequestError("top_p must be in (0, 1]")
+    if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise InvalidRequestError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
+    bad_stop = [t for t in params.stop_token_ids if not 0 <= t < vocab_size]
+    if bad_stop:
+        raise InvalidRequestError(f"stop_token_ids out of the vocabulary: {bad_stop[:5]}")
+    if any(not s for s in params.stop):
+        raise InvalidRequestError("stop strings must not be empty")
