@@ -1,7 +1,7 @@
 """Is bf16 autocast worth it on this CPU? One training forward/backward of the tiny model, float32 vs bf16.
 
 The trainer autocasts to bf16 on CPU (``bf16: true``) only where the CPU multiplies bf16 in hardware
-(AVX512-BF16 or AMX, `agentgym.trainer.trainer.cpu_has_bf16_units`); elsewhere oneDNN emulates it and
+(AVX512-BF16 or AMX, `agentgym.trainer.policy.cpu_has_bf16_units`); elsewhere oneDNN emulates it and
 the update runs several times slower than in float32. This script prints what this CPU has and the
 measured ratio, the figure behind that rule.
 
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from agentgym.inference.models import resolve_model
-from agentgym.trainer.trainer import cpu_has_bf16_units
+from agentgym.trainer.policy import cpu_has_bf16_units
 
 
 def forward_backward_seconds(model: torch.nn.Module, ids: torch.Tensor, dtype: torch.dtype | None) -> float:

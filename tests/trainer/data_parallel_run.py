@@ -118,7 +118,7 @@ def main(algorithm: str, stage: int, work: Path, model: str) -> dict[str, Any] |
         ("train_step", (batch(1, 2),)),
     ]
     straight = RLTrainer(config("dp", "deepspeed"), data_parallel=dp)
-    rows = [len(straight._pack(straight._batch(batch(s, 0)), list(range(GROUPS * GROUP_SIZE)))) for s in (0, 1)]
+    rows = [len(straight.models.pack(straight._batch(batch(s, 0)), list(range(GROUPS * GROUP_SIZE)))) for s in (0, 1)]
     results = lead_or_follow(straight, dp, script)
     straight_weights = weights(straight)
     agree = len(set(dp.gather(digest(straight_weights)))) == 1

@@ -14,7 +14,7 @@ import torch
 from trainer_helpers import fill_logprobs
 
 from agentgym.proto import rl_pb2
-from agentgym.trainer import trainer as trainer_module
+from agentgym.trainer import policy as trainer_module
 from agentgym.trainer.metrics import MetricsSink
 from agentgym.trainer.trainer import RLTrainer, mini_batch_order
 

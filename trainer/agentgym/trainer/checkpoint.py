@@ -15,37 +15,62 @@ A checkpoint is written into ``<checkpoints>/.tmp-step-<n>-<random>/`` and renam
 (``os.replace`` of a directory within one filesystem is atomic), so a crash leaves either the old
 state or the complete new one; ``trainer_state.json`` is written last and a folder without it is
 never considered. Older ``step-*`` folders beyond ``keep`` are removed after the new one is in place.
+
+:func:`save_checkpoint`, :func:`load_checkpoint`, :func:`maybe_resume`, :func:`export_weights` and
+:func:`state_dict` act on a trainer (:class:`Checkpointed`, ``RLTrainer``); under data parallelism
+every rank calls them: rank 0 writes what all ranks share, each rank its optimizer partition.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import random
 import re
 import shutil
 import tempfile
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
 
+if TYPE_CHECKING:  # types only: the collector imports RecentIds from here without the models' modules
+    from agentgym.trainer.config import RLTrainerConfig
+    from agentgym.trainer.curriculum import HorizonSchedule
+    from agentgym.trainer.distributed import DataParallel
+    from agentgym.trainer.metrics import MetricsSink
+    from agentgym.trainer.policy import Policy
+
+log = logging.getLogger(__name__)
+
 __all__ = [
+    "CHECKPOINT_FORMAT",
     "STATE_FILE",
+    "Checkpointed",
     "RecentIds",
     "atomic_directory",
     "capture_rng_state",
     "checkpoint_dirs",
+    "export_weights",
     "latest_checkpoint",
+    "load_checkpoint",
     "load_hf_weights",
+    "maybe_resume",
     "prune_checkpoints",
+    "rank_atomic_directory",
     "restore_rng_state",
+    "save_checkpoint",
+    "state_dict",
     "step_dir_name",
 ]
 
+CHECKPOINT_FORMAT = 1
 STATE_FILE = "trainer_state.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -243,3 +268,169 @@ class RecentIds:
         """Forget everything, then hold ``ids`` (used when loading a checkpoint)."""
         self._ids.clear()
         self.update(ids)
+
+
+# ----------------------------------------------------------------------------------------------
+# a trainer's checkpoints
+# ----------------------------------------------------------------------------------------------
+
+
+class Checkpointed(Protocol):
+    """The trainer state a checkpoint holds (``RLTrainer``)."""
+
+    config: RLTrainerConfig
+    models: Policy
+    schedule: HorizonSchedule
+    seen_ids: RecentIds
+    step: int
+    policy_version: int
+    sft_done: bool
+    last_metrics: dict[str, float]
+    last_checkpoint: Path | None
+    policy_dir: Path | None
+    sink: MetricsSink | None
+
+
+@contextlib.contextmanager
+def rank_atomic_directory(dp: DataParallel, final: Path) -> Iterator[Path]:
+    """:class:`atomic_directory` for every rank: rank 0 makes the temporary folder and renames it into
+    place once all ranks have written their parts (each rank's optimizer partition, under DeepSpeed)."""
+    if not dp.enabled:
+        with atomic_directory(final) as tmp:
+            yield tmp
+        return
+    if dp.is_main:
+        with atomic_directory(final) as tmp:
+            dp.broadcast(str(tmp))
+            yield tmp
+            dp.barrier()  # every rank has written into tmp
+    else:
+        yield Path(dp.broadcast())
+        dp.barrier()
+    dp.barrier()  # renamed: every rank may read `final`
+
+
+def state_dict(trainer: Checkpointed) -> dict[str, Any]:
+    """The JSON-able trainer state (``trainer_state.json``)."""
+    reference_dir = trainer.models.reference_dir
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "step": trainer.step,
+        "policy_version": trainer.policy_version,
+        "sft_done": trainer.sft_done,
+        "reference_dir": str(reference_dir) if reference_dir is not None else None,
+        "curriculum": trainer.schedule.state_dict(),
+        "curriculum_state": trainer.schedule.state().to_dict(),
+        "seen_trajectory_ids": trainer.seen_ids.to_list(),
+        "metrics": trainer.last_metrics,
+        "config": trainer.config.to_dict(),
+        "created_at": time.time(),
+    }
+
+
+def save_checkpoint(trainer: Checkpointed, directory: str | Path | None = None) -> Path:
+    """Save ``<directory>/step-<step>/`` atomically (default directory: ``<output_dir>/checkpoints``).
+
+    Older checkpoints beyond ``keep_checkpoints`` are pruned. The saved folder becomes the policy folder.
+    """
+    models, dp = trainer.models, trainer.models.dp
+    root = Path(directory) if directory is not None else trainer.config.checkpoint_dir
+    final = root / step_dir_name(trainer.step)
+    with rank_atomic_directory(dp, final) as tmp:
+        models.save_hf(tmp)
+        save_engine_state = getattr(models.engine, "save_engine_state", None)
+        if save_engine_state is not None:  # DeepSpeed: partitioned optimizer state, its own format
+            save_engine_state(tmp / "engine")  # every rank writes its partition
+        if dp.is_main:  # the rest is the same on every rank: rank 0 writes it
+            optimizer_state = {
+                "policy": None if save_engine_state is not None else models.engine.optimizer_state(),
+                "critic": models.critic_engine.optimizer_state() if models.critic_engine is not None else None,
+            }
+            torch.save(optimizer_state, tmp / "optimizer.pt")
+            torch.save(capture_rng_state(), tmp / "rng.pt")
+            if models.critic is not None:
+                models.critic.save(tmp / "critic")
+            (tmp / STATE_FILE).write_text(json.dumps(state_dict(trainer), indent=1, default=float))
+    if dp.is_main:
+        prune_checkpoints(root, trainer.config.keep_checkpoints, protect=[final])
+    trainer.last_checkpoint = final
+    trainer.policy_dir = final
+    return final
+
+
+def export_weights(trainer: Checkpointed, directory: str | Path | None = None) -> Path:
+    """Write the current policy (HF folder) to ``<directory>/version-<policy_version>`` for inference."""
+    root = Path(directory) if directory is not None else trainer.config.weights_dir
+    final = root / f"version-{trainer.policy_version}"
+    with rank_atomic_directory(trainer.models.dp, final) as tmp:
+        trainer.models.save_hf(tmp)
+    trainer.policy_dir = final
+    if not trainer.models.dp.is_main:
+        return final
+    versions = sorted(
+        (int(p.name.split("-", 1)[1]), p)
+        for p in root.iterdir()
+        if p.is_dir() and p.name.startswith("version-") and p.name.split("-", 1)[1].isdigit()
+    )
+    for _, path in versions[: -trainer.config.keep_checkpoints]:
+        if path != final:
+            shutil.rmtree(path, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(trainer: Checkpointed, directory: str | Path) -> Path:
+    """Restore from a ``step-<n>`` folder, or the newest one under ``directory``; returns the folder."""
+    path = latest_checkpoint(directory)
+    if path is None:
+        raise FileNotFoundError(f"no checkpoint in {directory}")
+    state = json.loads((path / STATE_FILE).read_text())
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path}: unsupported checkpoint format {state.get('format')!r}")
+    models, config = trainer.models, trainer.config
+    load = getattr(models.engine, "load_hf_model", None)
+    if load is not None:
+        load(path)
+    else:
+        load_hf_weights(models.model, path)
+    optimizer_state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+    load_engine_state = getattr(models.engine, "load_engine_state", None)
+    if load_engine_state is not None:
+        load_engine_state(path / "engine")
+    else:
+        models.engine.load_optimizer_state(optimizer_state["policy"])
+    # The optimiser state carries the learning rate it was saved with (e.g. an `agentgym sft` run's, or
+    # before the spec changed); the config is the source of truth (there is no schedule to resume).
+    models.engine.set_lr(config.learning_rate)
+    if models.critic is not None and models.critic_engine is not None:
+        if not (path / "critic").is_dir() or optimizer_state.get("critic") is None:
+            raise ValueError(f"{path} has no critic (needed for ppo)")
+        models.critic.load(path / "critic")
+        models.critic_engine.load_optimizer_state(optimizer_state["critic"])
+        models.critic_engine.set_lr(config.critic_learning_rate)
+    trainer.schedule.load_state_dict(state["curriculum"])
+    trainer.seen_ids.replace(state.get("seen_trajectory_ids", []))
+    trainer.step = int(state["step"])
+    trainer.policy_version = int(state["policy_version"])
+    trainer.sft_done = bool(state.get("sft_done", False))
+    reference_dir = state.get("reference_dir")
+    if reference_dir and config.uses_reference:
+        if not (Path(reference_dir) / "config.json").is_file():
+            raise ValueError(f"{path} names the KL reference {reference_dir}, which is missing")
+        models.reference = models.load_reference(Path(reference_dir))
+        models.reference_dir = Path(reference_dir)
+    trainer.last_metrics = {str(k): float(v) for k, v in dict(state.get("metrics", {})).items()}
+    restore_rng_state(torch.load(path / "rng.pt", map_location="cpu", weights_only=False))
+    trainer.last_checkpoint = path
+    trainer.policy_dir = path
+    return path
+
+
+def maybe_resume(trainer: Checkpointed, directory: str | Path | None = None) -> Path | None:
+    """Load the newest checkpoint under ``directory`` (default: the run's) if there is one."""
+    root = Path(directory) if directory is not None else trainer.config.checkpoint_dir
+    loaded = load_checkpoint(trainer, root) if latest_checkpoint(root) is not None else None
+    if trainer.sink is not None:  # what an earlier process trained after its last checkpoint is trained again
+        dropped = trainer.sink.forget_from(trainer.step, sft_committed=trainer.sft_done)
+        if dropped:
+            log.info("at step %d: dropped %d metrics lines of uncommitted steps", trainer.step, dropped)
+    return loaded

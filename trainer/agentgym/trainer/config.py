@@ -3,9 +3,12 @@
     config = RLTrainerConfig.from_spec(run.spec, run=run.metadata.name)
     config = RLTrainerConfig(model="builtin:tiny", output_dir="runs/demo", algorithm="grpo", group_size=4)
 
-Fields mirror the spec (``algorithm.*``, ``rollout.*``, ``trainer.*``, ``curriculum``) plus trainer
-options the spec does not carry (reward convention, old-logprob recomputation, SFT settings,
-collector timeouts); their defaults are documented on each field.
+Fields mirror the spec (``model.*``, ``algorithm.*``, ``rollout.*``, ``trainer.*``, ``curriculum``; copied
+by name in :meth:`RLTrainerConfig.from_spec`) plus trainer options the spec does not carry (reward
+convention, old-logprob recomputation, SFT settings, collector timeouts); their defaults are documented
+on each field. The mirrored fields are validated by the spec's own rules (its field bounds and
+``agentgym.spec.algorithm_rule_error`` / ``backend_rule_error``), so a config built by hand obeys the
+same rules as one built from a spec; only the trainer's own knobs have rules here.
 """
 
 from __future__ import annotations
@@ -14,6 +17,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from annotated_types import Ge, Gt, Le, Lt
+from pydantic import BaseModel
+
+from agentgym.spec import TrainingRunSpec, algorithm_rule_error, backend_rule_error
 from agentgym.trainer.curriculum import HorizonSchedule, build_schedule
 from agentgym.trainer.rewards import OutcomeReward, RewardConfig
 
@@ -192,57 +199,34 @@ class RLTrainerConfig:
         self.output_dir = Path(self.output_dir)
         if self.algorithm not in ("grpo", "ppo", "rloo", "reinforce_plus_plus", "rft", "dpo"):
             raise ValueError(f"unknown algorithm {self.algorithm!r}")
-        if self.dpo_beta <= 0:
-            raise ValueError(f"dpo_beta must be > 0, got {self.dpo_beta}")
-        if self.algorithm in ("grpo", "rloo", "dpo") and self.group_size < 2:
-            raise ValueError(f"group_size must be >= 2 for {self.algorithm}")
-        if self.kl_as == "reward" and self.algorithm in ("grpo", "rloo"):
-            raise ValueError("kl_as='reward' needs a token-level estimator (ppo, reinforce_plus_plus)")
-        if not 0.0 <= self.negative_advantage_scale <= 1.0:
-            raise ValueError(f"negative_advantage_scale must be in [0, 1], got {self.negative_advantage_scale}")
-        if self.turn_validity_coef < 0:
-            raise ValueError(f"turn_validity_coef must be >= 0, got {self.turn_validity_coef}")
-        if self.turn_validity_coef and self.algorithm not in ("grpo", "rloo"):
-            raise ValueError(
-                "turn_validity_coef is for the group estimators (grpo, rloo); token-level estimators "
-                "credit invalid turns through invalid_action_penalty"
-            )
-        if self.step_group_coef < 0:
-            raise ValueError(f"step_group_coef must be >= 0, got {self.step_group_coef}")
-        if not 0.0 <= self.step_group_gamma <= 1.0:
-            raise ValueError(f"step_group_gamma must be in [0, 1], got {self.step_group_gamma}")
-        if self.step_group_coef and self.algorithm not in ("grpo", "rloo"):
-            raise ValueError(
-                "step_group_coef is for the group estimators (grpo, rloo); token-level estimators "
-                "already credit each turn by what follows it"
-            )
-        if self.drop_uniform_groups and self.algorithm not in ("grpo", "rloo"):
-            raise ValueError("drop_uniform_groups is for the group estimators (grpo, rloo)")
+        # The rules of the fields the spec has are the spec's: its field bounds and its cross-field rules.
+        for section, rename in _SPEC_SECTIONS:
+            _check_spec_bounds(self, section, rename)
+        problem = algorithm_rule_error(
+            self.algorithm,
+            group_size=self.group_size,
+            kl_as=self.kl_as,
+            turn_validity_coef=self.turn_validity_coef,
+            step_group_coef=self.step_group_coef,
+            drop_uniform_groups=self.drop_uniform_groups,
+            field=str,
+            group_estimators="the group estimators (grpo, rloo)",
+        ) or backend_rule_error(self.backend, self.gpus)
+        if problem:
+            raise ValueError(problem)
+        # The rest is about knobs the spec does not have.
         if self.drop_uniform_groups and self.outcome_reward == "none":
             raise ValueError(
                 "drop_uniform_groups needs an outcome reward (outcome_reward 'none' makes every group uniform)"
             )
-        for name in ("group_size", "epochs", "mini_batch_size", "tasks_per_step", "total_steps", "checkpoint_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1")
-        if self.keep_checkpoints < 1:
-            raise ValueError("keep_checkpoints must be >= 1")
         if self.micro_batch_tokens < 1 or self.logits_chunk_tokens < 1:
             raise ValueError("micro_batch_tokens and logits_chunk_tokens must be >= 1")
-        if self.max_staleness < 0:
-            raise ValueError("max_staleness must be >= 0")
         if not self.environments:
             raise ValueError("at least one environment is needed")
-        if self.backend == "deepspeed" and self.gpus < 1:
-            raise ValueError("backend deepspeed needs gpus >= 1")
-        if self.backend == "torch" and self.gpus > 1:
-            raise ValueError(f"backend torch trains on one device, not gpus={self.gpus}; use backend deepspeed")
         self.environments = [
             e if isinstance(e, EnvironmentConfig) else EnvironmentConfig(**e) for e in self.environments
         ]
-        RewardConfig(
-            self.outcome_reward, self.turn_reward_coef, self.score_scales, self.invalid_action_penalty
-        )  # validates
+        self.reward_config()  # validates the reward knobs
 
     # ------------------------------------------------------------------------------------------
 
@@ -294,95 +278,109 @@ class RLTrainerConfig:
     ) -> RLTrainerConfig:
         """The config of a ``TrainingRunSpec``; ``output_dir`` defaults to ``<storage.checkpointUri>/<run>``.
 
-        The horizon schedule follows ``spec.curriculum`` with the FIRST environment's paper preset
-        where a value is left unset (one horizon for the run: RolloutRequest.max_turns).
+        Every field of ``spec.model``, ``spec.algorithm``, ``spec.rollout`` and ``spec.trainer`` that the
+        config has is copied (``model.name`` is ``model``, ``algorithm.name`` is ``algorithm``). The horizon
+        schedule follows ``spec.curriculum`` with the FIRST environment's paper preset where a value is
+        left unset (one horizon for the run: RolloutRequest.max_turns).
         """
-        algo, roll, tr, cur = spec.algorithm, spec.rollout, spec.trainer, spec.curriculum
-        first = spec.environments[0].name
-        curriculum: dict[str, Any]
-        if cur.kind == "fixed":
-            curriculum = {"kind": "fixed", "max_turns": cur.max_turns or cur.horizon_stages(first)[-1]}
-        elif cur.kind == "scaling_inter":
-            curriculum = {
-                "kind": "scaling_inter",
-                "horizons": cur.horizon_stages(first),
-                "stage_steps": cur.steps_per_stage(first),
-            }
-        else:
-            adaptive = cur.adaptive
-            curriculum = {
-                "kind": "adaptive",
-                "initial": adaptive.initial,
-                "minimum": adaptive.minimum,
-                "maximum": adaptive.maximum,
-                "increment": adaptive.increment,
-                "window": adaptive.window,
-                "plateau_delta": adaptive.plateau_delta,
-                "truncation_threshold": adaptive.truncation_threshold,
-                "patience": adaptive.patience,
-                "cooldown": adaptive.cooldown,
-            }
-        values: dict[str, Any] = {
-            "model": spec.model.name,
-            "tokenizer": spec.model.tokenizer,
-            "output_dir": (
-                Path(output_dir)
-                if output_dir is not None
-                else checkpoint_root_from_uri(spec.storage.checkpoint_uri) / run
-            ),
-            "run": run,
-            "dtype": spec.model.dtype,
-            "max_context_tokens": spec.model.max_context_tokens,
-            "algorithm": algo.name,
-            "group_size": algo.group_size,
-            "learning_rate": algo.learning_rate,
-            "clip_low": algo.clip_low,
-            "clip_high": algo.clip_high,
-            "kl_coef": algo.kl_coef,
-            "dpo_beta": algo.dpo_beta,
-            "kl_type": algo.kl_type,
-            "kl_as": algo.kl_as,
-            "entropy_coef": algo.entropy_coef,
-            "epochs": algo.epochs,
-            "mini_batch_size": algo.mini_batch_size,
-            "gamma": algo.gamma,
-            "lam": algo.lam,
-            "normalize_by_std": algo.normalize_by_std,
-            "loss_aggregation": algo.loss_aggregation,
-            "invalid_action_penalty": algo.invalid_action_penalty,
-            "turn_validity_coef": algo.turn_validity_coef,
-            "turn_validity_needs_success": algo.turn_validity_needs_success,
-            "step_group_coef": algo.step_group_coef,
-            "step_group_gamma": algo.step_group_gamma,
-            "negative_advantage_scale": algo.negative_advantage_scale,
-            "drop_uniform_groups": algo.drop_uniform_groups,
-            "max_grad_norm": algo.max_grad_norm,
-            "critic_learning_rate": algo.critic_learning_rate,
-            "value_clip": algo.value_clip,
-            "curriculum": curriculum,
-            "environments": [
-                EnvironmentConfig(e.name, e.split, e.weight, e.url, dict(e.config)) for e in spec.environments
-            ],
-            "tasks_per_step": roll.tasks_per_step,
-            "max_tokens_per_turn": roll.max_tokens_per_turn,
-            "temperature": roll.temperature,
-            "top_p": roll.top_p,
-            "max_staleness": roll.max_staleness,
-            "backend": tr.backend,
-            "gpus": tr.gpus,
-            "zero_stage": tr.zero_stage,
-            "bf16": tr.bf16,
-            "gradient_checkpointing": tr.gradient_checkpointing,
-            "micro_batch_tokens": tr.micro_batch_tokens,
-            "total_steps": tr.total_steps,
-            "checkpoint_every": tr.checkpoint_every,
-            "keep_checkpoints": tr.keep_checkpoints,
-            "seed": tr.seed,
-            "sft_warmup_steps": tr.sft_warmup_steps,
-            "sft_learning_rate": tr.sft_learning_rate,
-            "sft_tasks": tr.sft_tasks,
-            "sft_batch_size": tr.sft_batch_size,
-            "sft_thoughts": tr.sft_thoughts,
-        }
+        sections = [(spec.model, {"name": "model"})] + [(getattr(spec, s), r) for s, r in _SPEC_SECTIONS]
+        values: dict[str, Any] = {}
+        for section, rename in sections:
+            values.update(_shared_fields(section, rename))
+        values["run"] = run
+        values["output_dir"] = (
+            Path(output_dir) if output_dir is not None else checkpoint_root_from_uri(spec.storage.checkpoint_uri) / run
+        )
+        values["curriculum"] = _curriculum(spec.curriculum, spec.environments[0].name)
+        values["environments"] = [
+            EnvironmentConfig(e.name, e.split, e.weight, e.url, dict(e.config)) for e in spec.environments
+        ]
         values.update(overrides)
         return cls(**values)
+
+
+# Spec sections whose fields the config mirrors (by name; renamed where the config's name differs).
+_SPEC_SECTIONS: tuple[tuple[str, dict[str, str]], ...] = (
+    ("algorithm", {"name": "algorithm"}),
+    ("rollout", {}),
+    ("trainer", {}),
+)
+# A config built by hand may go below the spec's minimum here: the trainer packs rows of any size (tests
+# use small ones); a run's spec asks for >= 128.
+_WIDER_THAN_SPEC = frozenset({"micro_batch_tokens"})
+
+
+def _config_fields() -> set[str]:
+    return {f.name for f in fields(RLTrainerConfig)}
+
+
+def _shared_fields(section: BaseModel, rename: dict[str, str]) -> dict[str, Any]:
+    """``section``'s values of the fields the config has, under the config's names."""
+    names = _config_fields()
+    out = {}
+    for spec_name in type(section).model_fields:
+        name = rename.get(spec_name, spec_name)
+        if name in names:
+            out[name] = getattr(section, spec_name)
+    return out
+
+
+def _check_spec_bounds(config: RLTrainerConfig, section: str, rename: dict[str, str]) -> None:
+    """The spec's bounds (``Field(ge=..., le=...)``) on the config's copies of ``section``'s fields."""
+    model = TrainingRunSpec.model_fields[section].annotation
+    assert isinstance(model, type) and issubclass(model, BaseModel)
+    names = _config_fields()
+    for spec_name, info in model.model_fields.items():
+        name = rename.get(spec_name, spec_name)
+        if name not in names or name in _WIDER_THAN_SPEC:
+            continue
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        lower, upper = _bounds(info.metadata)
+        if _holds(value, lower) and _holds(value, upper):
+            continue
+        if lower and upper:
+            left, right = "[" if lower[0] == ">=" else "(", "]" if upper[0] == "<=" else ")"
+            raise ValueError(f"{name} must be in {left}{lower[1]}, {upper[1]}{right}, got {value}")
+        op, bound = lower or upper or ("", 0)
+        raise ValueError(f"{name} must be {op} {bound}, got {value}")
+
+
+Bound = tuple[str, float]
+
+
+def _bounds(metadata: list[Any]) -> tuple[Bound | None, Bound | None]:
+    """The (operator, limit) of a pydantic field's lower and upper bound, each None when it has none."""
+    lower: Bound | None = None
+    upper: Bound | None = None
+    for m in metadata:
+        if isinstance(m, Ge):
+            lower = (">=", float(m.ge))  # type: ignore[arg-type]
+        elif isinstance(m, Gt):
+            lower = (">", float(m.gt))  # type: ignore[arg-type]
+        elif isinstance(m, Le):
+            upper = ("<=", float(m.le))  # type: ignore[arg-type]
+        elif isinstance(m, Lt):
+            upper = ("<", float(m.lt))  # type: ignore[arg-type]
+    return lower, upper
+
+
+def _holds(value: float, bound: Bound | None) -> bool:
+    if bound is None:
+        return True
+    op, limit = bound
+    return {">=": value >= limit, ">": value > limit, "<=": value <= limit, "<": value < limit}[op]
+
+
+def _curriculum(cur: Any, first: str) -> dict[str, Any]:
+    """``build_schedule`` arguments of a ``CurriculumSpec``, with ``first``'s paper preset where unset."""
+    if cur.kind == "fixed":
+        return {"kind": "fixed", "max_turns": cur.max_turns or cur.horizon_stages(first)[-1]}
+    if cur.kind == "scaling_inter":
+        return {
+            "kind": "scaling_inter",
+            "horizons": cur.horizon_stages(first),
+            "stage_steps": cur.steps_per_stage(first),
+        }
+    return {"kind": "adaptive", **cur.adaptive.model_dump()}

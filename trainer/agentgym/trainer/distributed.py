@@ -29,13 +29,10 @@ import os
 import signal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import nn
-
-if TYPE_CHECKING:
-    from agentgym.trainer.trainer import RLTrainer
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +193,14 @@ def init_data_parallel(local_rank: int | None = None) -> DataParallel:
     return DataParallel(rank=rank, world_size=world, local_rank=local_rank, objects=objects)
 
 
-def follow(trainer: RLTrainer) -> int:
+class Follower(Protocol):
+    """What :func:`follow` drives (``RLTrainer``: its methods named in :data:`FOLLOWED_CALLS`)."""
+
+    @property
+    def dp(self) -> DataParallel: ...
+
+
+def follow(trainer: Follower) -> int:
     """A rank other than 0: make the trainer calls rank 0 announces until it says stop; the number made.
 
     SIGTERM and SIGINT are left to rank 0 (the launcher sends them to every rank): rank 0 finishes the

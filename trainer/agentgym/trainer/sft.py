@@ -26,7 +26,7 @@ from typing import Any
 
 from agentgym.rollout.prompts import ActionFormat, PromptTemplate, template_for
 from agentgym.rollout.tokens import ChatTokenizer
-from agentgym.trainer.trainer import SFTExample
+from agentgym.trainer.batch import SFTExample
 
 log = logging.getLogger(__name__)
 
