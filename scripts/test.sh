@@ -8,4 +8,6 @@ bash scripts/setup-vllm.sh  # .venv-vllm: the tests marked vllm run the real vLL
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-.venv/bin/pytest -q -p no:cacheprovider --durations=15 "$@"
+# The tests marked images (every image built cold: ~15-25 min on 2 cores) run with `make test-images`, not here yet:
+# with them CI would exceed its 45-minute budget until the slow suite is trimmed to pay for them.
+.venv/bin/pytest -q -p no:cacheprovider --durations=15 -m "not images" "$@"

@@ -8,6 +8,8 @@ COPY common common
 COPY services/envs services/envs
 COPY trainer trainer
 COPY operators operators
+# The shared core and the service framework first: the same layer in every environment image.
+RUN /opt/venv/bin/pip install --no-cache-dir ".[env-server]"
 RUN /opt/venv/bin/pip install --no-cache-dir ".[babyai]"
 
 FROM python:3.11-slim

@@ -14,12 +14,15 @@ COPY common common
 COPY services/envs services/envs
 COPY trainer trainer
 COPY operators operators
+# The shared core and the service framework first: the same layer in every environment image.
+RUN /opt/venv/bin/pip install --no-cache-dir ".[env-server]"
 RUN /opt/venv/bin/pip install --no-cache-dir ".[webarena]"
 
 FROM python:3.11-slim
-# Debian's Chromium and its fonts; Playwright's own browser download is not used.
+# Debian's Chromium and its fonts; Playwright's own browser download is not used. libatomic1: Playwright's bundled
+# node driver links it (without it every episode fails: "Connection closed while reading from the driver").
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends chromium fonts-liberation \
+    && apt-get install -y --no-install-recommends chromium fonts-liberation libatomic1 \
     && rm -rf /var/lib/apt/lists/*
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin agentgym
 COPY --from=build /opt/venv /opt/venv

