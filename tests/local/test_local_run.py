@@ -58,49 +58,9 @@ def test_bad_spec_is_rejected_before_anything_starts(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_short_run_trains_checkpoints_and_reports(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [*AGENTGYM, "run", str(write_spec(tmp_path, spec("short", 2))), "--run-dir", str(run_dir), "--no-live"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "step 2/2" in result.stdout
-    status = json.loads((run_dir / "status.json").read_text())
-    assert status["phase"] == "Succeeded" and status["step"] == 2
-    assert status["servedPolicyVersion"] == status["policyVersion"] >= 2
-    assert {c["type"]: c["status"] for c in status["conditions"]}["Complete"] == "True"
-    steps = metrics_by_step(run_dir)
-    assert sorted(steps) == [0, 1]
-    assert [steps[s]["horizon"] for s in (0, 1)] == [2, 3]  # ScalingInter stepped up after stage 0
-    assert all(steps[s]["count/used"] == 4 for s in steps)
-    assert (run_dir / "checkpoints" / "step-2" / "model.safetensors").exists()
-    assert (run_dir / "spec.yaml").exists() and (run_dir / "logs" / "trainer.log").exists()
-    # Held-out success of the initial and the final policy, in the summary, the status and the run directory.
-    assert "held-out success (babyai test, 100 episodes, horizon 3): 0.00 -> 0.00" in result.stdout
-    assert "eval (before training): success" in result.stdout and "eval (final policy): success" in result.stdout
-    assert status["metrics"]["eval/start/episodes"] == status["metrics"]["eval/end/episodes"] == 100
-    assert status["metrics"]["eval/start/policy_version"] == 0
-    assert status["metrics"]["eval/end/policy_version"] == status["policyVersion"]
-    assert "eval/sft/success" not in status["metrics"]  # no warm-up in this run
-    summary = json.loads((run_dir / "eval" / "summary.json").read_text())
-    assert set(summary["phases"]) == {"start", "end"} and "total" in summary["gain_points"]
-    assert {"services_up", "trainer_started", "trainer_done", "eval_start", "eval_end"} <= set(summary["seconds"])
-
-    report = subprocess.run([*AGENTGYM, "report", str(run_dir)], capture_output=True, text=True, timeout=120)
-    assert report.returncode == 0, report.stderr
-    for name in ("reward_success.png", "turns_horizon.png", "failed_truncated.png", "report.html", "summary.txt"):
-        assert (run_dir / "report" / name).stat().st_size > 0
-    assert "horizons [2, 3]" in (run_dir / "report" / "summary.txt").read_text()
-    traces = subprocess.run([*AGENTGYM, "traces", str(run_dir)], capture_output=True, text=True, timeout=120)
-    assert traces.returncode == 0 and "8 episodes" in traces.stdout
-
-
-@pytest.mark.slow
-def test_a_warm_started_run_reports_what_sft_and_rl_each_contributed(tmp_path: Path) -> None:
-    document = spec("warm", 1)
+def test_a_warm_started_run_trains_checkpoints_and_reports_what_sft_and_rl_each_contributed(tmp_path: Path) -> None:
+    # One run pays for the start-up and the evals once: an SFT warm-up, then two RL steps across a horizon change.
+    document = spec("warm", 2)
     document["spec"]["trainer"].update({"sftWarmupSteps": 2, "sftLearningRate": 1e-3})
     document["spec"]["environments"][0]["evalSplit"] = "test-easy"
     run_dir = tmp_path / "run"
@@ -111,21 +71,44 @@ def test_a_warm_started_run_reports_what_sft_and_rl_each_contributed(tmp_path: P
         timeout=900,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "step 2/2" in result.stdout
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["phase"] == "Succeeded" and status["step"] == 2
+    assert status["servedPolicyVersion"] == status["policyVersion"] == 3  # the warm-up, then two steps
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Complete"] == "True"
+    steps = metrics_by_step(run_dir)
+    assert sorted(steps) == [0, 1]
+    assert [steps[s]["horizon"] for s in (0, 1)] == [2, 3]  # ScalingInter stepped up after stage 0
+    assert all(steps[s]["count/used"] == 4 for s in steps)
+    assert (run_dir / "checkpoints" / "step-2" / "model.safetensors").exists()
+    assert (run_dir / "spec.yaml").exists() and (run_dir / "logs" / "trainer.log").exists()
+
+    # Held-out success of the initial, the warmed-up and the final policy: summary, status and run directory.
     assert "held-out success (babyai test-easy, 75 episodes, horizon 3):" in result.stdout
     assert "SFT warm-up 0.00 -> " in result.stdout and "; GRPO " in result.stdout
-    status = json.loads((run_dir / "status.json").read_text())
+    assert "eval (before training): success" in result.stdout and "eval (final policy): success" in result.stdout
     metrics = status["metrics"]
-    # start: the initial policy (v0); sft: the warm-started one (v1), measured before the RL step's update; end: v2.
-    assert [metrics[f"eval/{p}/policy_version"] for p in ("start", "sft", "end")] == [0, 1, 2]
+    # start: the initial policy (v0); sft: the warm-started one (v1), measured before the RL steps; end: v3.
+    assert [metrics[f"eval/{p}/policy_version"] for p in ("start", "sft", "end")] == [0, 1, 3]
     for phase in ("start", "sft", "end"):
         assert 0.0 <= metrics[f"eval/{phase}/success"] <= 1.0 and metrics[f"eval/{phase}/success_se"] >= 0.0
-        assert metrics[f"eval/{phase}/horizon"] == 3
+        assert metrics[f"eval/{phase}/horizon"] == 3 and metrics[f"eval/{phase}/episodes"] == 75
         assert json.loads((run_dir / "eval" / f"{phase}.json").read_text())["environments"]["babyai"]["tasks"] == 75
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
+    assert set(summary["phases"]) == {"start", "sft", "end"}
     points = summary["gain_points"]
     assert points["total"] == pytest.approx(points["sft"] + points["rl"], abs=0.2)
+    assert {"services_up", "trainer_started", "trainer_done", "eval_start", "eval_end"} <= set(summary["seconds"])
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert [e["phase"] for e in events if e["event"] == "evaluated"] == ["start", "sft", "end"]
+
+    report = subprocess.run([*AGENTGYM, "report", str(run_dir)], capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    for name in ("reward_success.png", "turns_horizon.png", "failed_truncated.png", "report.html", "summary.txt"):
+        assert (run_dir / "report" / name).stat().st_size > 0
+    assert "horizons [2, 3]" in (run_dir / "report" / "summary.txt").read_text()
+    traces = subprocess.run([*AGENTGYM, "traces", str(run_dir)], capture_output=True, text=True, timeout=120)
+    assert traces.returncode == 0 and "8 episodes" in traces.stdout
 
 
 # A killed trainer resuming, losing nothing and counting nothing twice: tests/local/test_chaos.py, which kills

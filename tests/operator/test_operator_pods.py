@@ -32,7 +32,7 @@ def spec() -> dict[str, Any]:
     document = load_example("quickstart.yaml")
     document["metadata"]["name"] = RUN
     spec = document["spec"]
-    spec["trainer"].update(totalSteps=3, checkpointEvery=1, sftWarmupSteps=32, sftTasks=512)
+    spec["trainer"].update(totalSteps=3, checkpointEvery=1, sftWarmupSteps=32, sftTasks=256)
     spec["curriculum"]["stageSteps"] = 1
     spec["rollout"]["tasksPerStep"] = 2
     spec["storage"]["checkpointUri"] = f"file://runs/{RUN}"

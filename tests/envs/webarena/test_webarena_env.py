@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 from webarena_site import serve_pages
 
 from agentgym.envs.webarena.actions import parse_action
-from agentgym.envs.webarena.browser import shared_host
+from agentgym.envs.webarena.browser import BrowserCrashedError, shared_host
 from agentgym.envs.webarena.env import WebArenaEnv, WebArenaExpert, run_solver
 from agentgym.envs.webarena.miniwob import CURATED_TASKS, SOLVERS, html_root, tree_lines
 from agentgym.envs.webarena.session import BrowserSession, SessionLimits
@@ -164,6 +165,33 @@ def test_killed_browser_fails_the_episode_and_is_replaced() -> None:
         assert reward == 1.0 and host.generation == generation + 1
     finally:
         fresh.close()
+
+
+def test_vanished_tabs_are_a_crash_only_when_the_browser_goes_down() -> None:
+    # Playwright reports a dead Chromium's pages closed a moment before the browser itself: a step in
+    # between finds no tab. That is a crash when the browser disconnects within the grace, else the page's own.
+    host = shared_host()
+    env = WebArenaEnv()
+    try:
+        env.reset("miniwob/click-button/11")
+        session = env._session
+        assert session is not None
+        host.call(lambda: session.pages()[0].close(), 10)
+        own = env.step("scroll [down]")
+        assert own.info["invalid_action"] and not own.done and "no tab is open" in own.observation
+
+        env.reset("miniwob/click-button/12")
+        session = env._session
+        assert session is not None
+        generation, pid = session.generation, host.call(host.browser_pid, 30)
+        assert pid is not None
+        host.call(lambda: session.pages()[0].close(), 10)
+        threading.Timer(0.3, os.kill, (pid, signal.SIGKILL)).start()  # the disconnect comes after the tabs
+        with pytest.raises(BrowserCrashedError):
+            env.step("scroll [down]")
+        assert not host.alive(generation)
+    finally:
+        env.close()
 
 
 def test_expert_demonstrates() -> None:

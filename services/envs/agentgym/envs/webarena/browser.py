@@ -91,6 +91,7 @@ class BrowserHost:
         self._playwright: Playwright | None = None
         self._browser: Browser | None = None
         self._launching: asyncio.Lock | None = None
+        self._gone: dict[int, asyncio.Event] = {}  # set when that generation's browser disconnects
         self.generation = 0  # increments with every browser launch
         self.launches = 0
         self.crashes = 0
@@ -145,6 +146,7 @@ class BrowserHost:
             self.generation += 1
             self.launches += 1
             generation = self.generation
+            self._gone[generation] = asyncio.Event()
             browser.on("disconnected", lambda _browser: self._on_disconnect(generation))
             self._browser = browser
             log.info("Chromium launched (generation %d)", generation)
@@ -163,6 +165,9 @@ class BrowserHost:
         )
 
     def _on_disconnect(self, generation: int) -> None:
+        gone = self._gone.pop(generation, None)
+        if gone is not None:
+            gone.set()
         if generation == self.generation and self.accepting:
             self.crashes += 1
             log.warning("Chromium (generation %d) disconnected; the next episode relaunches it", generation)
@@ -170,6 +175,24 @@ class BrowserHost:
     def alive(self, generation: int) -> bool:
         """Whether the browser of `generation` is still the live one."""
         return generation == self.generation and self._browser is not None and self._browser.is_connected()
+
+    async def went_away(self, generation: int, within_s: float) -> bool:
+        """Whether the browser of `generation` is gone, waiting up to `within_s` for its disconnect.
+
+        When Chromium dies, Playwright closes its pages and then the browser in separate messages: an
+        episode can see its tabs vanish (or a call fail) a moment before the browser reads as
+        disconnected. Waiting briefly for the disconnect tells a crash from a page's own doing.
+        """
+        if not self.alive(generation):
+            return True
+        gone = self._gone.get(generation)
+        if gone is None:
+            return not self.alive(generation)
+        try:
+            await asyncio.wait_for(gone.wait(), within_s)
+        except TimeoutError:
+            return not self.alive(generation)
+        return True
 
     async def new_context(self, **options: Any) -> tuple[BrowserContext, int]:
         """A fresh isolated context on the live browser, and that browser's generation."""

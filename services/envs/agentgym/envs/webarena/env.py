@@ -62,11 +62,13 @@ from agentgym.envs.webarena.miniwob import (
     split_of,
     task_for,
 )
-from agentgym.envs.webarena.session import ActionError, BrowserSession, PageView, SessionLimits
+from agentgym.envs.webarena.session import ActionError, BrowserSession, NoOpenTabError, PageView, SessionLimits
 
 EPISODE_OVER = "The episode is over; reset to start a new one."
 # Host-side margin over Playwright's own timeouts, so a hung browser is reported, not waited on.
 _CALL_MARGIN_S = 15.0
+# How long a failed call waits for the browser's disconnect before it is taken as the page's own error.
+_CRASH_GRACE_S = 1.0
 
 
 class WebArenaCatalog(TaskCatalog):
@@ -159,15 +161,24 @@ class WebArenaEnv(Environment):
         timeout = self.limits.navigation_timeout_s + self.limits.action_timeout_s + _CALL_MARGIN_S
         try:
             return self._host.call(fn, timeout)
-        except (ActionError, BrowserCrashedError):
+        except BrowserCrashedError:
             raise
         except Exception as error:
+            # An ordinary ActionError (unknown id, hidden element) is the agent's; vanished tabs or a
+            # failed browser call may be a crash Playwright has not reported yet: wait for it briefly.
             session = self._session
-            if session is not None and not self._host.alive(session.generation):
+            suspect = isinstance(error, NoOpenTabError) or not isinstance(error, ActionError)
+            if session is not None and suspect and self._crashed(session.generation):
                 raise BrowserCrashedError(
                     f"the browser crashed during this episode ({error.__class__.__name__})"
                 ) from error
             raise
+
+    def _crashed(self, generation: int) -> bool:
+        try:
+            return bool(self._host.call(lambda: self._host.went_away(generation, _CRASH_GRACE_S), _CALL_MARGIN_S))
+        except Exception:  # the host itself is unusable: the episode cannot go on either way
+            return True
 
     def reset(self, task_id: str) -> ResetResult:
         self._catalog.describe(task_id)

@@ -50,6 +50,10 @@ class ActionError(ValueError):
     """An action that is well formed but cannot be carried out on this page (unknown id, hidden)."""
 
 
+class NoOpenTabError(ActionError):
+    """Every tab of the episode is closed: the page closed itself, or the browser is going down."""
+
+
 @dataclass(frozen=True)
 class SessionLimits:
     max_pages: int = 8
@@ -212,7 +216,7 @@ class BrowserSession:
         if self.active is None or self.active.is_closed():
             pages = self.pages()
             if not pages:
-                raise ActionError("no tab is open; use new_tab or goto [url]")
+                raise NoOpenTabError("no tab is open; use new_tab or goto [url]")
             self.active = pages[-1]
         return self.active
 
