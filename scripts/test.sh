@@ -4,10 +4,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup-dev.sh
-bash scripts/setup-vllm.sh  # .venv-vllm: the tests marked vllm run the real vLLM CPU server
-.venv/bin/ruff check .
-.venv/bin/ruff format --check .
-.venv/bin/mypy
+# The side environments (.venv-vllm: the tests marked vllm run the real vLLM CPU server; .venv-ui: MLflow for the
+# UI tests) install, mostly downloading, while lint and type checks use the CPU.
+logs=$(mktemp -d)
+bash scripts/setup-vllm.sh >"$logs/vllm.log" 2>&1 &
+vllm_pid=$!
+bash scripts/setup-ui.sh >"$logs/ui.log" 2>&1 &
+ui_pid=$!
+checks=0
+{ .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy; } || checks=$?
+setups=0
+wait "$vllm_pid" || { setups=1; echo "scripts/setup-vllm.sh failed:" >&2; }
+tail -n 20 "$logs/vllm.log"
+wait "$ui_pid" || { setups=1; echo "scripts/setup-ui.sh failed:" >&2; }
+tail -n 20 "$logs/ui.log"
+[ "$checks" -eq 0 ] && [ "$setups" -eq 0 ] || exit 1
 # The tests marked images (every image built cold: ~15-25 min on 2 cores) run with `make test-images`, not here yet:
 # with them CI would exceed its 45-minute budget until the slow suite is trimmed to pay for them.
 .venv/bin/pytest -q -p no:cacheprovider --durations=15 -m "not images" "$@"

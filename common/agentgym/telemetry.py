@@ -2,8 +2,9 @@
 
 `setup_telemetry("rollout")` exports over OTLP/HTTP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (the
 cluster's collector) and otherwise appends JSON lines to `<dir>/traces.jsonl` and
-`<dir>/metrics.jsonl`, which `read_spans` (and `agentgym traces`) read back. Trace context crosses
-NATS in message headers via `inject_context` / `extract_context`.
+`<dir>/metrics.jsonl`, which `read_spans` (and `agentgym traces`) read back; with only
+`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` set (a local trace UI, `agentgym run --ui`), spans go to the files and
+to that endpoint. Trace context crosses NATS in message headers via `inject_context` / `extract_context`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
 OTLP_ENDPOINT_VAR = "OTEL_EXPORTER_OTLP_ENDPOINT"
+OTLP_TRACES_ENDPOINT_VAR = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 TELEMETRY_DIR_VAR = "AGENTGYM_TELEMETRY_DIR"
 
 
@@ -178,6 +180,15 @@ def setup_telemetry(
         metric_exporter = JsonlMetricExporter(out / "metrics.jsonl")
         destination = str(out)
     tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter, schedule_delay_millis=1000))
+    traces_endpoint = os.environ.get(OTLP_TRACES_ENDPOINT_VAR)
+    if traces_endpoint and not endpoint:
+        # A trace UI beside the files (`agentgym run --ui`): the JSONL stays the run's record, the UI gets a copy.
+        # The exporter reads its headers (e.g. the MLflow experiment) from OTEL_EXPORTER_OTLP_TRACES_HEADERS.
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        ui_exporter = OTLPSpanExporter(endpoint=traces_endpoint)
+        tracer_provider.add_span_processor(BatchSpanProcessor(ui_exporter, schedule_delay_millis=1000))
+        destination += f" + otlp:{traces_endpoint}"
     reader = PeriodicExportingMetricReader(metric_exporter, export_interval_millis=int(metric_interval_s * 1000))
     meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
     if set_global:

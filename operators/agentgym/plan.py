@@ -189,6 +189,8 @@ def _vllm_server(
         "--generation-config",
         "vllm",
         "--enable-prefix-caching",
+        # usage.prompt_tokens_details.cached_tokens: the prefix-cache hits a `chat` span reports.
+        "--enable-prompt-tokens-details",
     ]
     if on_cpu:
         # No chunked prefill on CPU: vLLM 0.32 rewinds a seeded request's generator after a partial prefill, which

@@ -319,12 +319,15 @@ async def test_the_token_budget_bounds_the_cache_and_metrics_report_it(
 ) -> None:
     engine = engine_factory(tiny_dir, prefix_cache_tokens=100)
     try:
-        samples = [(await engine.generate(ids(seed, 40), greedy(4))).samples[0] for seed in range(4)]
+        outputs = [await engine.generate(ids(seed, 40), greedy(4)) for seed in range(4)]
+        samples = [output.samples[0] for output in outputs]
+        assert [output.cached_prompt_tokens for output in outputs] == [0, 0, 0, 0]  # no shared prefixes
         cache = engine.prefix_cache
         # Each request stored its prompt (40 tokens), superseded by prompt + 3 sampled ids: 2 fit in 100.
         assert (len(cache), cache.tokens, cache.superseded, cache.evicted) == (2, 86, 4, 2)
         follow_up = ids(3, 40) + samples[3].token_ids + ids(50, 4)
-        await engine.generate(follow_up, greedy(2))
+        hit = await engine.generate(follow_up, greedy(2))
+        assert hit.cached_prompt_tokens == 43  # the request's own share of the hits (what its span reports)
         value = engine.metrics.registry.get_sample_value
         stats = engine.stats
         assert stats.prefix_hits == 1 and stats.prefix_hit_tokens == 43

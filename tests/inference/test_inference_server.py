@@ -55,6 +55,7 @@ async def test_client_returns_sampled_ids_logprobs_and_version(live_server: Any,
     assert max(abs(a - b) for a, b in zip(completion.logprobs, expected, strict=True)) < 1e-4
     assert len(samples) == 3 and all(len(s.token_ids) == 5 for s in samples)
     assert completion.text == engine.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+    assert completion.model == "tiny" and completion.cached_tokens is not None and samples[0].cached_tokens is None
 
 
 async def test_response_has_vllms_shape_and_our_version_extension(live_server: Any) -> None:
@@ -79,7 +80,9 @@ async def test_response_has_vllms_shape_and_our_version_extension(live_server: A
     assert choice["prompt_token_ids"] == [1, 2, 3, 4]
     assert len(choice["token_ids"]) == len(choice["logprobs"]["token_logprobs"]) == len(choice["logprobs"]["tokens"])
     assert all(len(top) >= 1 for top in choice["logprobs"]["top_logprobs"])
-    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}
+    assert body["usage"] == {
+            "prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8, "prompt_tokens_details": {"cached_tokens": 0}
+        }  # fmt: skip
 
     payload.update(logprobs=0, return_tokens_as_token_ids=True)
     _, body, _ = await post(f"{live_server.url}/v1/completions", payload)

@@ -166,6 +166,10 @@ async def test_concurrent_seeded_long_prompts(vllm_server: VllmServer) -> None:
             *(client.complete(p, max_tokens=8, temperature=1.0, seed=i) for i, p in enumerate(prompts))
         )
         assert [len(c.token_ids) for [c] in results] == [8] * 10
+        assert [c.cached_tokens for [c] in results] == [0] * 10  # no two share a first block
+        # The same prompt again: its full blocks come from vLLM's prefix cache, reported per request.
+        [repeat] = await client.complete(prompts[3], max_tokens=8, temperature=1.0, seed=3)
+        assert repeat.cached_tokens is not None and 0 < repeat.cached_tokens < len(prompts[3])
         assert await client.health()
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,12 @@ import pytest
 import yaml
 
 AGENTGYM = [sys.executable, "-m", "agentgym.cli"]
+MLFLOW = Path(__file__).resolve().parents[2] / ".venv-ui" / "bin" / "mlflow"
+
+
+def ui_required() -> bool:
+    """CI always checks the UI (scripts/test.sh sets it up); elsewhere only where `make setup-ui` ran."""
+    return MLFLOW.exists() or bool(os.environ.get("CI"))
 
 
 def spec(name: str, total_steps: int) -> dict[str, Any]:
@@ -64,12 +72,10 @@ def test_a_warm_started_run_trains_checkpoints_and_reports_what_sft_and_rl_each_
     document["spec"]["trainer"].update({"sftWarmupSteps": 2, "sftLearningRate": 1e-3})
     document["spec"]["environments"][0]["evalSplit"] = "test-easy"
     run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [*AGENTGYM, "run", str(write_spec(tmp_path, document)), "--run-dir", str(run_dir), "--no-live"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    command = [*AGENTGYM, "run", str(write_spec(tmp_path, document)), "--run-dir", str(run_dir), "--no-live"]
+    if ui_required():  # the UI live beside the files (tests/local/test_ui.py checks the UI itself)
+        command += ["--ui", "--ui-port", "0"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "step 2/2" in result.stdout
     status = json.loads((run_dir / "status.json").read_text())
@@ -109,6 +115,30 @@ def test_a_warm_started_run_trains_checkpoints_and_reports_what_sft_and_rl_each_
     assert "horizons [2, 3]" in (run_dir / "report" / "summary.txt").read_text()
     traces = subprocess.run([*AGENTGYM, "traces", str(run_dir)], capture_output=True, text=True, timeout=120)
     assert traces.returncode == 0 and "8 episodes" in traces.stdout
+    if ui_required():
+        assert_the_ui_got_the_run_live(run_dir)
+
+
+def assert_the_ui_got_the_run_live(run_dir: Path) -> None:
+    """What every process exported to MLflow during the run, read from its store in the run directory."""
+    with sqlite3.connect(run_dir / "mlflow" / "mlflow.db") as db:
+        spans = db.execute("SELECT trace_id, name FROM spans").fetchall()
+        metrics = db.execute("SELECT key, step FROM metrics").fetchall()
+    by_trace: dict[str, set[str]] = {}
+    for trace_id, name in spans:
+        by_trace.setdefault(trace_id, set()).add(name)
+    # One trace per RL step: the trainer's step, its episodes (across NATS), their turns and chat/tool spans.
+    steps = [names for names in by_trace.values() if "train_step" in names]
+    assert len(steps) == 2, by_trace
+    for names in steps:
+        assert {"process rollout_request", "invoke_agent agentgym-babyai", "turn 1"} <= names, names
+        assert any(name.startswith("chat ") for name in names), names
+    assert {step for key, step in metrics if key == "policy_loss"} == {0, 1}
+    assert ("eval/end/success", 2) in metrics
+    reopened = subprocess.run(
+        [*AGENTGYM, "ui", str(run_dir), "--port", "0", "--import-only"], capture_output=True, text=True, timeout=180
+    )
+    assert reopened.returncode == 0 and "imported" not in reopened.stdout and "traces:" in reopened.stdout
 
 
 # A killed trainer resuming, losing nothing and counting nothing twice: tests/local/test_chaos.py, which kills

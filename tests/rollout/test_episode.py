@@ -29,6 +29,12 @@ class RecordingPolicy:
         self.calls = 0
         self.seeds: list[object] = []
 
+    provider = "agentgym"
+
+    @property
+    def model_name(self) -> str | None:
+        return self.inner.model_name
+
     async def sample(self, prompt_ids: list[int], **kwargs: object) -> Sample:
         self.calls += 1
         self.seeds.append(kwargs.get("seed"))

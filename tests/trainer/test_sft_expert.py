@@ -95,6 +95,9 @@ class _Replay:
     def __init__(self, replies: list[list[int]]) -> None:
         self.replies = list(replies)
 
+    provider = "agentgym"
+    model_name = "scripted"
+
     async def sample(self, prompt_ids: list[int], **kwargs: Any) -> Sample:
         ids = self.replies.pop(0)
         return Sample(ids, [-0.1] * len(ids), "stop", 0)
@@ -111,6 +114,59 @@ async def test_examples_match_a_real_rollout_token_for_token(chat: ChatTokenizer
     assert list(trajectory.prompt_token_ids) == example.prompt_ids
     assert list(trajectory.response_token_ids) == example.response_ids
     assert list(trajectory.loss_mask) == example.loss_mask
+
+
+async def test_an_episodes_spans_follow_the_genai_conventions(chat: ChatTokenizer, examples: list[SFTExample]) -> None:
+    # The replayed expert episode, traced: invoke_agent -> turn n -> (chat, execute_tool), as the UI shows it.
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    example = examples[0]
+    replies = [example.response_ids[s:e] for s, e in _spans(example.loss_mask, 1)]
+    request = rl_pb2.RolloutRequest(
+        request_id="r/0/0/0", step=4, group_id="g7", environment="textcraft", task_id=example.task_id,
+        max_turns=10, max_tokens_per_turn=256, policy_version=3,
+    )  # fmt: skip
+    trajectory = await run_episode(
+        request, _InProcessEnv(), _Replay(replies), chat, template_for("textcraft"), tracer=provider.get_tracer("t")
+    )
+    spans = {span.name: span for span in exported.get_finished_spans()}
+    names = [span.name for span in exported.get_finished_spans()]
+    agent = spans["invoke_agent agentgym-textcraft"]
+    assert agent.parent is None and agent.attributes is not None
+    assert {k: agent.attributes[k] for k in ("gen_ai.operation.name", "gen_ai.agent.name", "gen_ai.provider.name")} == {
+        "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "agentgym-textcraft",
+        "gen_ai.provider.name": "agentgym",
+    }  # fmt: skip
+    assert agent.attributes["gen_ai.conversation.id"] == "r/0/0/0"
+    assert agent.attributes["gen_ai.request.model"] == "scripted"
+    assert agent.attributes["agentgym.termination"] == "TERMINATION_DONE"
+    assert agent.attributes["agentgym.success"] is True
+    assert (agent.attributes["agentgym.step"], agent.attributes["agentgym.group_id"]) == (4, "g7")
+    assert agent.attributes["agentgym.policy_version"] == 3 and agent.attributes["agentgym.turns"] == len(replies)
+    turns = [f"turn {n}" for n in range(1, len(replies) + 1)]
+    assert [n for n in names if n.startswith("turn ")] == turns
+    for number, name in enumerate(turns, start=1):
+        turn = spans[name]
+        assert turn.parent is not None and turn.parent.span_id == agent.context.span_id
+        assert turn.attributes is not None and turn.attributes["agentgym.turn"] == number
+        assert turn.attributes["agentgym.action"] == trajectory.turns[number - 1].action
+    first = spans["turn 1"].context.span_id
+    children = [s for s in exported.get_finished_spans() if s.parent and s.parent.span_id == first]
+    assert [s.name for s in children] == ["chat scripted", "execute_tool textcraft.step"]
+    chat_span, tool_span = children
+    assert chat_span.attributes is not None and tool_span.attributes is not None
+    # The first turn's context is the prompt alone; its output is the first expert reply.
+    assert chat_span.attributes["gen_ai.usage.input_tokens"] == len(example.prompt_ids)
+    assert chat_span.attributes["gen_ai.usage.output_tokens"] == len(replies[0])
+    assert chat_span.attributes["gen_ai.request.model"] == "scripted" and chat_span.kind.name == "CLIENT"
+    assert tool_span.attributes["gen_ai.tool.name"] == "textcraft.step"
+    assert tool_span.attributes["gen_ai.tool.call.arguments"] == trajectory.turns[0].action
+    assert spans[turns[-1]].attributes["agentgym.termination"] == "TERMINATION_DONE"  # type: ignore[index]
 
 
 def test_sample_task_ids_is_deterministic() -> None:

@@ -77,6 +77,8 @@ def run_command(
     ] = True,
     eval_tasks: Annotated[int, typer.Option(min=1, help="Tasks of each eval split the run's evals play")] = 100,
     eval_samples: Annotated[int, typer.Option(min=1, help="Episodes per eval task")] = 1,
+    ui: Annotated[bool, typer.Option("--ui", help="Traces and metrics live in MLflow's UI (`agentgym ui`)")] = False,
+    ui_port: Annotated[int, typer.Option(min=0, max=65535, help="Port of the --ui server (0: a free one)")] = 5000,
 ) -> None:
     """Run a TrainingRun on this machine: embedded NATS, env services, CPU inference, rollout, trainer."""
     from agentgym.local.main import run_locally
@@ -96,8 +98,16 @@ def run_command(
     if not resume and (directory / "checkpoints").exists() and any((directory / "checkpoints").iterdir()):
         raise _fail(f"{directory} already holds a run; pass --resume to continue it or choose another --run-dir")
     eval_settings = RunEvalSettings(tasks=eval_tasks, samples=eval_samples, enabled=evaluate)
+    live_ui = None
+    if ui:
+        from agentgym.local.ui import LiveUI, UIError, find_mlflow
+
+        try:
+            live_ui = LiveUI(directory, port=ui_port, mlflow=find_mlflow())  # before anything starts
+        except UIError as error:
+            raise _fail(f"--ui: {error}") from None
     raise typer.Exit(
-        run_locally(run, directory, resume=resume, eval_settings=eval_settings, live=live, console=console)
+        run_locally(run, directory, resume=resume, eval_settings=eval_settings, live=live, console=console, ui=live_ui)
     )
 
 
@@ -205,6 +215,71 @@ def traces_command(
     for row in summary["slowest"]:
         table.add_row(*(str(row[c]) for c in ("seconds", "environment", "task_id", "turns", "termination", "trace_id")))
     console.print(table)
+
+
+@app.command("ui")
+def ui_command(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (runs/<name>)")],
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port on 127.0.0.1 (0: a free one)")] = 5000,
+    mlflow: Annotated[
+        Path | None, typer.Option(help="The mlflow executable (default: .venv-ui/bin/mlflow, $AGENTGYM_MLFLOW, PATH)")
+    ] = None,
+    import_only: Annotated[bool, typer.Option("--import-only", help="Import into <run-dir>/mlflow, then stop")] = False,
+) -> None:
+    """A run's traces and metrics in MLflow's UI on loopback (imported once into <run-dir>/mlflow)."""
+    import signal as signals
+    import threading
+
+    from agentgym.local.ui import (
+        STORE_DIR,
+        MlflowClient,
+        MlflowServer,
+        UIError,
+        experiment_url,
+        find_mlflow,
+        import_run,
+        imported,
+        mark_imported,
+    )
+
+    if not run_dir.is_dir():
+        raise _fail(f"{run_dir} is not a directory")
+    if not (run_dir / "spec.yaml").exists() and not (run_dir / "telemetry" / "traces.jsonl").exists():
+        raise _fail(f"{run_dir} is not a run directory (no spec.yaml, no telemetry/traces.jsonl)")
+    try:
+        executable = find_mlflow(mlflow)
+    except UIError as error:
+        raise _fail(str(error)) from None
+    store = run_dir / STORE_DIR
+    stop = threading.Event()
+    for signum in (signals.SIGINT, signals.SIGTERM):
+        signals.signal(signum, lambda *_: stop.set())
+    try:
+        with MlflowServer(store, port=port, mlflow=executable) as server:
+            done = imported(store)
+            if done is None:
+                client = MlflowClient(server.url)
+                try:
+                    result = import_run(client, run_dir)
+                finally:
+                    client.close()
+                mark_imported(store, result)
+                console.print(
+                    f"imported {result.spans} spans ({result.traces} traces) and {result.metrics} metric points"
+                )
+                experiment = result.experiment_id
+            else:
+                experiment = str(done["experiment_id"])
+            console.print(f"traces:  {experiment_url(server.url, experiment)}", soft_wrap=True)
+            console.print(f"metrics: {experiment_url(server.url, experiment, 'runs')}", soft_wrap=True)
+            if import_only:
+                return
+            console.print("serving; Ctrl-C stops the UI")
+            while not stop.wait(1.0):
+                if server.process is None or server.process.poll() is not None:
+                    raise _fail(f"mlflow server exited; see {store / 'server.log'}")
+    except UIError as error:
+        raise _fail(str(error)) from None
 
 
 @env_app.command("list")

@@ -28,6 +28,7 @@ from nats.js import JetStreamContext
 from agentgym.messaging import RunChannels, publish_message
 from agentgym.proto import rl_pb2
 from agentgym.seeding import derive_seed
+from agentgym.telemetry import inject_context
 from agentgym.trainer.config import RLTrainerConfig
 from agentgym.trainer.curriculum import CurriculumState
 
@@ -161,8 +162,11 @@ class RequestPublisher:
         if self.js is None:
             raise RuntimeError("RequestPublisher needs a JetStream context to publish")
         requests = self.plan(step, horizon, policy_version)
+        headers = inject_context()  # the episodes hang under the current span (the train step) in one trace
         for request in requests:
-            await publish_message(self.js, self.channels.requests_subject, request, msg_id=request.request_id)
+            await publish_message(
+                self.js, self.channels.requests_subject, request, msg_id=request.request_id, headers=headers
+            )
         return requests
 
     async def rerequest(self, trajectory: rl_pb2.Trajectory, attempt: int, horizon: int) -> rl_pb2.RolloutRequest:
@@ -192,7 +196,9 @@ class RequestPublisher:
             top_p=c.top_p,
             seed=derive_seed(c.seed, c.run, int(trajectory.step), k, sample),
         )
-        await publish_message(self.js, self.channels.requests_subject, request, msg_id=request.request_id)
+        await publish_message(
+            self.js, self.channels.requests_subject, request, msg_id=request.request_id, headers=inject_context()
+        )
         return request
 
 

@@ -44,6 +44,8 @@ class GenerationOutput:
     policy_version: int
     queue_seconds: float
     generation_seconds: float
+    cached_prompt_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache (not prefilled again)."""
 
     @property
     def completion_tokens(self) -> int:
@@ -61,6 +63,8 @@ class _Request:
     remaining: int = 0
     admitted: float = 0.0
     version: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache."""
 
     def cancelled(self) -> bool:
         return self.future.done()

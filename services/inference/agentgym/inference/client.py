@@ -12,6 +12,7 @@ last version this client observed (`policy_version()` / `load_weights()`), and w
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Protocol
@@ -34,6 +35,9 @@ class Completion:
     policy_version: int
     text: str = ""
     stop_reason: int | str | None = None
+    model: str = ""
+    cached_tokens: int | None = None
+    """Prompt tokens served from the prefix cache (``usage.prompt_tokens_details.cached_tokens``), if reported."""
 
 
 class WeightUpdater(Protocol):
@@ -55,6 +59,13 @@ def _error_message(body: Any, fallback: str) -> str:
             if body.get(key):
                 return str(body[key])
     return fallback
+
+
+def _cached_tokens(body: Any) -> int | None:
+    usage = body.get("usage") if isinstance(body, dict) else None
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    return int(value) if isinstance(value, int) else None
 
 
 def _token_ids_from_logprobs(logprobs: dict[str, Any] | None) -> list[int] | None:
@@ -182,7 +193,12 @@ class CompletionClient:
         choices = sorted((body or {}).get("choices") or [], key=lambda c: int(c.get("index", 0)))
         if len(choices) != n:
             raise InferenceError(f"expected {n} choices, got {len(choices)}", status=None, transient=False)
-        return [self._completion(choice, version) for choice in choices]
+        model = str((body or {}).get("model") or self.model)
+        cached = _cached_tokens(body) if n == 1 else None  # usage is per response: per choice only for n = 1
+        return [
+            dataclasses.replace(self._completion(choice, version), model=model, cached_tokens=cached)
+            for choice in choices
+        ]
 
     def _version_of(self, body: Any, headers: Any) -> int:
         value = (body or {}).get("policy_version") if isinstance(body, dict) else None

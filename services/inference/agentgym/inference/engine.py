@@ -490,6 +490,9 @@ class Engine:
 
     def _count_hits(self, rows: list[_Prefill]) -> None:
         hits = [row.cached for row in rows if row.cached]
+        for row in rows:
+            if row.request is not None:
+                row.request.cached_tokens = row.cached
         self.stats.prefix_lookups += len(rows)
         self.stats.prefix_hits += len(hits)
         self.stats.prefix_hit_tokens += sum(hits)
@@ -640,5 +643,6 @@ class Engine:
             policy_version=request.version,
             queue_seconds=request.admitted - request.enqueued,
             generation_seconds=elapsed,
+            cached_prompt_tokens=request.cached_tokens,
         )
         self._resolve(request, output)

@@ -417,6 +417,7 @@ def create_app(engine: Engine, *, manage_engine: bool = False) -> FastAPI:
                     "prompt_tokens": prompt_tokens,
                     "completion_tokens": completion_tokens,
                     "total_tokens": prompt_tokens + completion_tokens,
+                    "prompt_tokens_details": {"cached_tokens": sum(o.cached_prompt_tokens for o in outputs)},
                 },
                 "policy_version": version,
             }

@@ -39,6 +39,10 @@ class Sample:
     logprobs: list[float]
     finish_reason: str
     policy_version: int
+    model: str = ""
+    """The served model's name, as the server reported it."""
+    cached_tokens: int | None = None
+    """Prompt tokens the server took from its prefix cache (None when it does not say)."""
 
 
 class PolicyError(RuntimeError):
@@ -48,6 +52,14 @@ class PolicyError(RuntimeError):
 
 
 class Policy(Protocol):
+    provider: str
+    """`gen_ai.provider.name` of the engine behind the policy (``agentgym`` for the HF engine, ``vllm``)."""
+
+    @property
+    def model_name(self) -> str | None:
+        """The served model's name once known (after the first sample), for span names."""
+        ...
+
     async def sample(
         self,
         prompt_ids: list[int],
@@ -140,16 +152,23 @@ async def run_episode(
         horizon=request.max_turns,
     )
     trajectory.timings.started_at = time.time()
+    agent = f"agentgym-{request.environment}"
     attributes: dict[str, str | int] = {
         "gen_ai.operation.name": "invoke_agent",
-        "gen_ai.agent.name": f"agentgym-{request.environment}",
+        "gen_ai.agent.name": agent,
+        "gen_ai.provider.name": policy.provider,
+        "gen_ai.conversation.id": trajectory.trajectory_id,
         "agentgym.env": request.environment,
         "agentgym.task_id": request.task_id,
         "agentgym.horizon": request.max_turns,
         "agentgym.policy_version": request.policy_version,
         "agentgym.step": request.step,
+        "agentgym.group_id": request.group_id,
+        "agentgym.sample_index": request.sample_index,
     }
-    with tracer.start_as_current_span(f"invoke_agent {request.environment}", attributes=attributes) as span:
+    if policy.model_name:
+        attributes["gen_ai.request.model"] = policy.model_name
+    with tracer.start_as_current_span(f"invoke_agent {agent}", attributes=attributes) as span:
         episode_id: str | None = None
         try:
             started = time.perf_counter()
@@ -180,6 +199,7 @@ async def run_episode(
                 "agentgym.success": trajectory.success,
                 "agentgym.turns": trajectory.turns_used,
                 "agentgym.termination": rl_pb2.Termination.Name(trajectory.termination),
+                "agentgym.termination_reason": trajectory.termination_reason,
             }
         )
     return trajectory
@@ -220,12 +240,33 @@ class _Episode:
         self.trajectory.prompt_token_ids.extend(self.prompt)
         try:
             for turn_index in range(self.request.max_turns):
-                if not await self._turn(turn_index):
+                if not await self._traced_turn(turn_index):
                     break
         finally:  # keep what was played even when the episode ends in an error
             self.trajectory.response_token_ids.extend(self.response)
             self.trajectory.loss_mask.extend(self.mask)
             self.trajectory.sampled_logprobs.extend(self.logprobs)
+
+    async def _traced_turn(self, turn_index: int) -> bool:
+        """`_turn` inside a ``turn {n}`` span: the episode's tree reads episode -> turns -> chat, execute_tool."""
+        number = turn_index + 1
+        with self.tracer.start_as_current_span(f"turn {number}", attributes={"agentgym.turn": number}) as span:
+            go_on = await self._turn(turn_index)
+            turns = self.trajectory.turns
+            if len(turns) == number:
+                turn = turns[-1]
+                span.set_attributes(
+                    {
+                        "agentgym.action": turn.action,
+                        "agentgym.invalid_action": turn.invalid_action,
+                        "agentgym.repeated_action": turn.repeated_action,
+                        "agentgym.reward": turn.reward,
+                        "agentgym.done": turn.done,
+                    }
+                )
+            if not go_on:
+                span.set_attribute("agentgym.termination", rl_pb2.Termination.Name(self.trajectory.termination))
+            return go_on
 
     def _end(self, termination: int, reason: str = "") -> bool:
         self.trajectory.termination = termination  # type: ignore[assignment]
@@ -237,16 +278,23 @@ class _Episode:
         # Hashed, not ``seed + turn``: that would give turn 1 of one episode the stream of turn 0 of the next.
         seed = derive_seed(request.seed, "turn", turn_index) if request.seed else None
         context = self.prompt + self.response
-        with self.tracer.start_as_current_span("chat") as span:
+        model = self.policy.model_name
+        # The model is known from the first answer on; the very first span is renamed once it is.
+        with self.tracer.start_as_current_span(f"chat {model or 'policy'}", kind=trace.SpanKind.CLIENT) as span:
             span.set_attributes(
                 {
                     "gen_ai.operation.name": "chat",
+                    "gen_ai.provider.name": self.policy.provider,
+                    "gen_ai.conversation.id": self.trajectory.trajectory_id,
                     "gen_ai.request.temperature": request.temperature,
                     "gen_ai.request.top_p": request.top_p or 1.0,
                     "gen_ai.request.max_tokens": max_tokens,
                     "gen_ai.usage.input_tokens": len(context),
+                    "agentgym.turn": turn_index + 1,
                 }
             )
+            if model:
+                span.set_attribute("gen_ai.request.model", model)
             sample = await with_retries(
                 lambda: self.policy.sample(
                     context,
@@ -266,6 +314,13 @@ class _Episode:
                     "agentgym.policy_version": sample.policy_version,
                 }
             )
+            if sample.model:
+                span.set_attribute("gen_ai.response.model", sample.model)
+                if not model:
+                    span.update_name(f"chat {sample.model}")
+                    span.set_attribute("gen_ai.request.model", sample.model)
+            if sample.cached_tokens is not None:
+                span.set_attribute("gen_ai.usage.cache_read.input_tokens", sample.cached_tokens)
         if len(sample.logprobs) != len(sample.token_ids):
             raise PolicyError(
                 f"policy returned {len(sample.token_ids)} ids but {len(sample.logprobs)} logprobs", transient=False
@@ -273,11 +328,15 @@ class _Episode:
         return sample
 
     async def _step(self, action: str) -> Stepped:
-        with self.tracer.start_as_current_span("execute_tool") as span:
+        tool = f"{self.request.environment}.step"
+        with self.tracer.start_as_current_span(f"execute_tool {tool}") as span:
             span.set_attributes(
                 {
                     "gen_ai.operation.name": "execute_tool",
-                    "gen_ai.tool.name": f"{self.request.environment}.step",
+                    "gen_ai.tool.name": tool,
+                    "gen_ai.tool.type": "extension",
+                    "gen_ai.tool.call.arguments": action,
+                    "gen_ai.conversation.id": self.trajectory.trajectory_id,
                     "agentgym.action": action,
                 }
             )

@@ -11,6 +11,11 @@ class InferencePolicy:
 
     def __init__(self, client: CompletionClient) -> None:
         self.client = client
+        self.provider = "vllm" if client.engine == "vllm" else "agentgym"
+
+    @property
+    def model_name(self) -> str | None:
+        return self.client.model
 
     async def sample(
         self,
@@ -38,6 +43,8 @@ class InferencePolicy:
             logprobs=list(completion.logprobs),
             finish_reason=completion.finish_reason,
             policy_version=completion.policy_version,
+            model=completion.model,
+            cached_tokens=completion.cached_tokens,
         )
 
     async def served_version(self) -> int:
