@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
+import re
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,6 +58,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "otel": {"collector": {"tracesEndpoint": "tempo.observability:4317"}},
     },
     "cluster-wide": {"operator": {"clusterWide": True}, "networkPolicies": {"enabled": False}},
+    "observability": {
+        "otel": {"jaeger": {"enabled": True, "maxTraces": 20000}},
+        "grafana": {"dashboard": {"enabled": True, "annotations": {"grafana_folder": "AgentGym"}}},
+        "prometheus": {"scrapeRunPods": True, "namespaceLabels": {"kubernetes.io/metadata.name": "metrics"}},
+    },
 }
 
 
@@ -256,6 +264,87 @@ def test_otel_wiring(rendered_sets: dict[str, list[dict[str, Any]]]) -> None:
     assert not [o for o in off if "otel-collector" in o["metadata"]["name"]]
     assert operator_config(off).otlp_endpoint is None
     assert operator_config(rendered_sets["otel-external"]).otlp_endpoint == "http://tempo.observability:4318"
+
+
+def test_bundled_jaeger_takes_the_collectors_traces(rendered_sets: dict[str, list[dict[str, Any]]]) -> None:
+    items = rendered_sets["observability"]
+    jaeger = find(items, "Service", f"{RELEASE}-jaeger")
+    pipelines = yaml.safe_load(find(items, "ConfigMap", f"{RELEASE}-otel-collector")["data"]["collector.yaml"])
+    assert pipelines["exporters"]["otlp/traces"]["endpoint"] == f"{jaeger['metadata']['name']}.{NAMESPACE}.svc:4317"
+    assert pipelines["service"]["pipelines"]["traces"]["exporters"] == ["otlp/traces", "debug"]
+    config = yaml.safe_load(find(items, "ConfigMap", f"{RELEASE}-jaeger")["data"]["jaeger.yaml"])
+    assert config["extensions"]["jaeger_storage"]["backends"]["memstore"]["memory"]["max_traces"] == 20000
+    assert config["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"] == "0.0.0.0:4317"
+    deployment = find(items, "Deployment", f"{RELEASE}-jaeger")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "jaegertracing/jaeger:2.11.0" and deployment["spec"]["strategy"]["type"] == "Recreate"
+    policy = find(items, "NetworkPolicy", f"{RELEASE}-jaeger")
+    otlp_from = policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
+    assert otlp_from["app.kubernetes.io/component"] == "otel-collector"
+    # A tracesEndpoint the user gives wins over the bundled Jaeger; off by default.
+    assert not [o for o in rendered_sets["default"] if "jaeger" in o["metadata"]["name"]]
+    both = objects({"otel": {"jaeger": {"enabled": True}, "collector": {"tracesEndpoint": "tempo.obs:4317"}}})
+    chosen = yaml.safe_load(find(both, "ConfigMap", f"{RELEASE}-otel-collector")["data"]["collector.yaml"])
+    assert chosen["exporters"]["otlp/traces"]["endpoint"] == "tempo.obs:4317"
+
+
+def _exported_metric_names() -> set[str]:
+    """Every Prometheus series name the platform exports: the services' own registries, and the trainer's gauges
+    (OpenTelemetry `agentgym.trainer.<key>`, which the collector's Prometheus exporter writes with underscores)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from agentgym.envs.server.manager import ServiceMetrics
+    from agentgym.inference.metrics import InferenceMetrics
+    from agentgym.trainer.metrics import MetricsSink, rollout_metrics
+    from agentgym.trainer.rewards import RewardConfig
+
+    names = set()
+    for registry in (ServiceMetrics("babyai").registry, InferenceMetrics().registry):
+        names |= {sample.name for family in registry.collect() for sample in family.samples}
+        names |= {family.name for family in registry.collect()}
+    reader = InMemoryMetricReader()
+    with tempfile.TemporaryDirectory() as directory:
+        sink = MetricsSink(directory, "r", tensorboard=False, meter_provider=MeterProvider(metric_readers=[reader]))
+        # The step record's shape (trainer/agentgym/trainer/step.py): top-level step facts and per-env stats.
+        record = {"policy_version": 1, "horizon": 5, "staleness_mean": 0.0, "step_time_s": 1.0,
+                  "env": rollout_metrics([], RewardConfig())}  # fmt: skip
+        sink.write(0, {"step": 0, **record})
+    data = reader.get_metrics_data()
+    assert data is not None
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            names |= {metric.name.replace(".", "_") for metric in scope.metrics}
+    return names
+
+
+def test_grafana_dashboard_charts_metrics_the_platform_exports(rendered_sets: dict[str, list[dict[str, Any]]]) -> None:
+    config_map = find(rendered_sets["observability"], "ConfigMap", f"{RELEASE}-grafana-dashboard")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config_map["metadata"]["annotations"] == {"grafana_folder": "AgentGym"}
+    dashboard = json.loads(config_map["data"]["agentgym.json"])
+    assert dashboard["uid"] == "agentgym-platform"
+    titles = {panel["title"] for panel in dashboard["panels"]}
+    for wanted in ("Training steps per second", "Episodes in flight", "Live episodes per environment service",
+                   "Turn latency", "Reward (mean per step)", "Success rate", "Horizon (max turns) and turns used",
+                   "Policy version lag"):  # fmt: skip
+        assert wanted in titles
+    exported = _exported_metric_names()
+    queried = {name for panel in dashboard["panels"] for target in panel["targets"]
+               for name in re.findall(r"agentgym_[a-z_]+", target["expr"])}  # fmt: skip
+    assert queried and queried <= exported, sorted(queried - exported)
+    assert not [o for o in rendered_sets["default"] if o["metadata"]["name"].endswith("grafana-dashboard")]
+
+
+def test_scraping_the_run_pods_annotates_them_and_opens_their_policies(
+    rendered_sets: dict[str, list[dict[str, Any]]],
+) -> None:
+    config = operator_config(rendered_sets["observability"])
+    assert config.metrics_scrape is not None
+    assert config.metrics_scrape.namespace_labels == {"kubernetes.io/metadata.name": "metrics"}
+    assert operator_config(rendered_sets["default"]).metrics_scrape is None
+    collector = find(rendered_sets["default"], "Deployment", f"{RELEASE}-otel-collector")
+    assert collector["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "8889"
 
 
 def test_images_follow_registry_and_tag(rendered_sets: dict[str, list[dict[str, Any]]]) -> None:

@@ -283,6 +283,28 @@ def test_network_policies_isolate_the_run() -> None:
     assert by_kind(quiet, "NetworkPolicy") == {}
 
 
+def test_a_metrics_scraper_gets_annotations_and_only_the_http_port() -> None:
+    from agentgym.operator.config import MetricsScrape
+
+    scrape = MetricsScrape(namespace_labels={"kubernetes.io/metadata.name": "monitoring"})
+    children = build_children(inputs(run_of(), config=OperatorConfig(metrics_scrape=scrape)))
+    deployments = by_kind(children, "Deployment")
+    wanted = {"prometheus.io/scrape": "true", "prometheus.io/port": "8000", "prometheus.io/path": "/metrics"}
+    for name in ("quickstart-env-babyai", "quickstart-inference"):
+        annotations = deployments[name]["spec"]["template"]["metadata"].get("annotations", {})
+        assert wanted.items() <= annotations.items(), name
+    assert "annotations" not in deployments["quickstart-rollout"]["spec"]["template"]["metadata"]
+    policies = by_kind(children, "NetworkPolicy")
+    for name in ("quickstart-envs", "quickstart-inference"):
+        rule = policies[name]["spec"]["ingress"][-1]
+        assert rule == {
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+            "ports": [{"protocol": "TCP", "port": 8000}],
+        }
+    plain = by_kind(build_children(inputs(run_of())), "Deployment")
+    assert "annotations" not in plain["quickstart-env-babyai"]["spec"]["template"]["metadata"]
+
+
 def test_child_names_are_dns_labels() -> None:
     assert child_name("quickstart", "env-babyai") == "quickstart-env-babyai"
     assert child_name("7b-run", "trainer") == "r-7b-run-trainer"

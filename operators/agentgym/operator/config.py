@@ -123,6 +123,13 @@ class NatsSettings(ConfigModel):
     connect_timeout_seconds: float = Field(default=5.0, gt=0)
 
 
+class MetricsScrape(ConfigModel):
+    """A Prometheus scraping the run pods' own `/metrics` (environment services, inference)."""
+
+    namespace_labels: dict[str, str] = Field(min_length=1)
+    """Labels of the namespaces the scraper runs in: the run's network policies admit them on the HTTP port."""
+
+
 class OperatorConfig(ConfigModel):
     images: Images = Field(default_factory=Images)
     environments: dict[str, EnvironmentDefaults] = Field(default_factory=_default_environments)
@@ -135,6 +142,8 @@ class OperatorConfig(ConfigModel):
     """The platform's OTel collector (OTLP/HTTP); a run's `telemetry.otlpEndpoint` wins."""
     network_policies: bool = True
     """Per run: env services reachable only from its rollout workers, inference from them and the operator."""
+    metrics_scrape: MetricsScrape | None = None
+    """When set: env and inference pods carry `prometheus.io/*` annotations and admit the scraper's namespaces."""
     operator_namespace: str | None = None
     """Where the operator runs (default: $POD_NAMESPACE); inference admits its weight-reload calls."""
     operator_pod_labels: dict[str, str] = Field(default_factory=lambda: {"app.kubernetes.io/component": "operator"})

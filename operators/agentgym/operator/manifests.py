@@ -402,7 +402,7 @@ def environment_children(inputs: RunInputs, kind: str) -> list[JSONDict]:
     pod = _pod_spec(inputs, [container], volumes)
     replicas = 0 if inputs.idle else max(1, env.replicas.min)
     children = [
-        _deployment(inputs, name, "env", replicas, pod, environment=kind),
+        _deployment(inputs, name, "env", replicas, pod, environment=kind, pod_annotations=_scrape_annotations(inputs)),
         {
             "apiVersion": "v1",
             "kind": "Service",
@@ -498,7 +498,8 @@ def inference_children(inputs: RunInputs) -> list[JSONDict]:
         else None
     )
     replicas = 0 if inputs.idle else inference.replicas
-    deployment = _deployment(inputs, name, "inference", replicas, pod, pod_annotations=annotations)
+    pod_annotations = {**_scrape_annotations(inputs), **(annotations or {})}
+    deployment = _deployment(inputs, name, "inference", replicas, pod, pod_annotations=pod_annotations or None)
     if annotations:
         deployment["metadata"]["annotations"] = dict(annotations)
     service = {
@@ -562,11 +563,22 @@ def trainer_job(inputs: RunInputs) -> JSONDict:
     }
 
 
+def _scrape_annotations(inputs: RunInputs) -> dict[str, str]:
+    """The `prometheus.io/*` annotations of a pod serving `/metrics` on the HTTP port, when scraping is on."""
+    if inputs.config.metrics_scrape is None:
+        return {}
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(HTTP_PORT), "prometheus.io/path": "/metrics"}
+
+
 def network_policies(inputs: RunInputs) -> list[JSONDict]:
     run = inputs.name
     rollout_peer = {"podSelector": {"matchLabels": selector(run, "rollout")}}
     inference_peers: list[JSONDict] = [rollout_peer]
     config = inputs.config
+    scrape: list[JSONDict] = []
+    if config.metrics_scrape is not None:
+        scraper = {"namespaceSelector": {"matchLabels": dict(config.metrics_scrape.namespace_labels)}}
+        scrape = [{"from": [scraper], "ports": [{"protocol": "TCP", "port": HTTP_PORT}]}]
     if config.operator_namespace:
         inference_peers.append(
             {
@@ -590,12 +602,12 @@ def network_policies(inputs: RunInputs) -> list[JSONDict]:
         policy(
             "envs",
             {"matchLabels": selector(run, "env")},
-            [{"from": [rollout_peer], "ports": tcp(HTTP_PORT, GRPC_PORT)}],
+            [{"from": [rollout_peer], "ports": tcp(HTTP_PORT, GRPC_PORT)}, *scrape],
         ),
         policy(
             "inference",
             {"matchLabels": selector(run, "inference")},
-            [{"from": inference_peers, "ports": tcp(HTTP_PORT)}],
+            [{"from": inference_peers, "ports": tcp(HTTP_PORT)}, *scrape],
         ),
         policy(
             "workers",
