@@ -109,6 +109,21 @@ def test_missing_mlflow_and_non_run_directories_are_clear_errors(tmp_path: Path)
     assert result.returncode == 2 and "not a run directory" in " ".join(result.stderr.split())
     with pytest.raises(Exception, match="MLflow is not installed"):
         find_mlflow(tmp_path / "nope")
+    # `agentgym run --ui` without MLflow: refused before anything starts or is written.
+    run_spec = tmp_path / "run.yaml"
+    document = {
+        "apiVersion": "agentgym.io/v1alpha1", "kind": "TrainingRun", "metadata": {"name": "r"},
+        "spec": {"model": {"name": "builtin:tiny"}, "environments": [{"name": "babyai"}]},
+    }  # fmt: skip
+    run_spec.write_text(yaml.safe_dump(document))
+    run_dir = tmp_path / "never"
+    env = {**os.environ, "AGENTGYM_MLFLOW": str(tmp_path / "nope")}
+    result = subprocess.run(
+        [*AGENTGYM, "run", str(run_spec), "--run-dir", str(run_dir), "--ui"], capture_output=True, text=True,
+        timeout=60, env=env,
+    )  # fmt: skip
+    assert result.returncode == 2 and "--ui: MLflow is not installed" in " ".join(result.stderr.split())
+    assert not run_dir.exists()
 
 
 def write_run(run_dir: Path) -> None:

@@ -19,7 +19,7 @@ from rich.live import Live
 from agentgym.local.live import Progress
 from agentgym.local.run_eval import RunEvalSettings
 from agentgym.local.runner import LocalRunner
-from agentgym.local.ui import LiveUI
+from agentgym.local.ui import LiveUI, UIError
 from agentgym.spec import TrainingRun
 
 
@@ -49,7 +49,11 @@ def run_locally(
     if ui is not None:
         # The spec is written first so the MLflow run carries it; the children inherit the export settings.
         (directory / "spec.yaml").write_text(yaml.safe_dump(run.to_document(), sort_keys=False))
-        os.environ.update(ui.start())
+        try:
+            os.environ.update(ui.start())
+        except UIError as error:  # nothing of the run has started yet
+            console.print(f"[bold red]error:[/] --ui: {error}", soft_wrap=True)
+            return 2
         console.print(f"[bold]UI[/] {ui.url}", soft_wrap=True)
     runner = LocalRunner(run, directory, resume=resume, eval_settings=eval_settings)
     progress = Progress(run.metadata.name, run.spec.trainer.total_steps, console, directory / "steps.log")
@@ -77,7 +81,10 @@ def run_locally(
         code = asyncio.run(main())
     status = runner.status.status
     if ui is not None:
-        ui.finish(succeeded=code == 0)
+        try:
+            ui.finish(succeeded=code == 0)
+        except UIError as error:  # the run's own record (files, checkpoints) is complete either way
+            console.print(f"[yellow]the UI could not be finalised:[/] {error}", soft_wrap=True)
         console.print(f"UI stopped; reopen it with `agentgym ui {directory}`", soft_wrap=True)
     console.print(f"[bold]{status.phase}[/] at step {status.step}; status: {directory / 'status.json'}")
     for line in runner.summary_lines():  # held-out success before training, after SFT, at the end
