@@ -110,7 +110,14 @@ class MlflowServer:
             "--default-artifact-root", str((self.store_dir / "artifacts").resolve()),
             "--workers", "1",
         ]  # fmt: skip
-        env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+        # No usage pings; no background job workers (huey consumers for MLflow's online scoring, unused here,
+        # which would take CPU from the run on a small machine).
+        env = {
+            **os.environ,
+            "MLFLOW_DISABLE_TELEMETRY": "true",
+            "DO_NOT_TRACK": "true",
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+        }
         with log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=self.store_dir
