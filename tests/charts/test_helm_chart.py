@@ -29,7 +29,7 @@ from agentgym.spec import load_training_run
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "agentgym"
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+EXAMPLES = [p for p in sorted((ROOT / "examples").glob("*.yaml")) if "\nkind: TrainingRun" in p.read_text()]
 KUBE_VERSION = "1.37.0"
 RELEASE, NAMESPACE = "agentgym", "agentgym-system"
 

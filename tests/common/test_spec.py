@@ -14,7 +14,7 @@ from agentgym.proto.generate import REPO_ROOT
 from agentgym.spec import SpecError, load_training_run, parse_training_run
 from agentgym.spec.crd import crd_document
 
-EXAMPLES = sorted((REPO_ROOT / "examples").glob("*.yaml"))
+EXAMPLES = [p for p in sorted((REPO_ROOT / "examples").glob("*.yaml")) if "\nkind: TrainingRun" in p.read_text()]
 
 MINIMAL: dict[str, Any] = {
     "apiVersion": "agentgym.io/v1alpha1",

@@ -26,7 +26,7 @@ from agentgym.operator.manifests import (
 from agentgym.spec import TrainingRun, load_training_run, parse_training_run
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+EXAMPLES = [p for p in sorted((ROOT / "examples").glob("*.yaml")) if "\nkind: TrainingRun" in p.read_text()]
 
 
 def run_of(name: str = "quickstart.yaml", **spec: Any) -> TrainingRun:

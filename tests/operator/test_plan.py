@@ -25,7 +25,7 @@ from agentgym.rollout.serve import rollout_settings
 from agentgym.spec import TrainingRun, load_training_run
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+EXAMPLES = [p for p in sorted((ROOT / "examples").glob("*.yaml")) if "\nkind: TrainingRun" in p.read_text()]
 
 # Flags whose values say where a component runs, not what it runs.
 PLACEMENT_FLAGS = {

@@ -77,6 +77,9 @@ def run_command(
     ] = True,
     eval_tasks: Annotated[int, typer.Option(min=1, help="Tasks of each eval split the run's evals play")] = 100,
     eval_samples: Annotated[int, typer.Option(min=1, help="Episodes per eval task")] = 1,
+    eval_max_turns: Annotated[
+        int | None, typer.Option(min=1, help="Max turns of an eval episode (default: the final stage's horizon)")
+    ] = None,
     ui: Annotated[bool, typer.Option("--ui", help="Traces and metrics live in MLflow's UI (`agentgym ui`)")] = False,
     ui_port: Annotated[int, typer.Option(min=0, max=65535, help="Port of the --ui server (0: a free one)")] = 5000,
 ) -> None:
@@ -97,7 +100,7 @@ def run_command(
         raise _fail(f"--resume: {directory} holds no run (no spec.yaml)")
     if not resume and (directory / "checkpoints").exists() and any((directory / "checkpoints").iterdir()):
         raise _fail(f"{directory} already holds a run; pass --resume to continue it or choose another --run-dir")
-    eval_settings = RunEvalSettings(tasks=eval_tasks, samples=eval_samples, enabled=evaluate)
+    eval_settings = RunEvalSettings(tasks=eval_tasks, samples=eval_samples, enabled=evaluate, horizon=eval_max_turns)
     live_ui = None
     if ui:
         from agentgym.local.ui import LiveUI, UIError, find_mlflow
@@ -176,8 +179,18 @@ def report_command(
     run_dir: Annotated[Path, typer.Argument(help="A run directory (runs/<name>)")],
     out: Annotated[Path | None, typer.Option(help="Output folder (default: <run-dir>/report)")] = None,
 ) -> None:
-    """PNG figures and one HTML page of a run: reward, success, turns vs horizon, failures, eval curves."""
+    """PNG figures and one HTML page of a run (or a study: its arms side by side, ± s.e. over seeds)."""
     from agentgym.local.report import make_report
+    from agentgym.local.study import STUDY_FILE, study_report
+
+    if (run_dir / STUDY_FILE).exists():
+        try:
+            studied = study_report(run_dir, out)
+        except (FileNotFoundError, ValueError, KeyError) as error:
+            raise _fail(f"{run_dir}: {error}") from None
+        console.print(studied["text"])
+        console.print(f"figure: {studied['figure']}")
+        return
 
     try:
         result = make_report(run_dir, out)
@@ -185,6 +198,52 @@ def report_command(
         raise _fail(str(error)) from None
     console.print(result["text"])
     console.print(f"report: {result['html']}")
+
+
+@app.command("study")
+def study_command(
+    spec: Annotated[Path, typer.Argument(help="A Study YAML (base TrainingRun, arms of overrides, seeds)")],
+    study_dir: Annotated[Path | None, typer.Option(help="Where the members run (default: studies/<name>)")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and list the members, run nothing")] = False,
+    emit: Annotated[
+        Path | None, typer.Option(help="Write one labelled TrainingRun per member here (kubectl apply -f), run nothing")
+    ] = None,
+) -> None:
+    """Run a study: every arm x seed as one `agentgym run`, seed-major, resumable; then its report."""
+    from agentgym.local.study import emit_cluster_runs, load_study, member_state, run_study, study_report
+    from agentgym.spec import SpecError
+
+    try:
+        study = load_study(spec)
+    except SpecError as error:
+        err_console.print(f"[bold red]invalid Study[/] {spec}:")
+        for line in error.errors:
+            err_console.print(f"  {line}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    directory = study_dir or Path("studies") / study.name
+    console.print(
+        f"study {study.name}: {len(study.arms)} arms x {len(study.seeds)} seeds; budget per run "
+        f"{study.episodes_per_run} episodes ({study.members[0].run.spec.trainer.total_steps} RL steps)"
+    )
+    if emit is not None:
+        for path in emit_cluster_runs(study, emit):
+            console.print(f"wrote {path}")
+        return
+    if dry_run:
+        for member in study.members:
+            console.print(f"  {member.directory}: {member_state(directory / member.directory)}")
+        return
+
+    def run(args: list[str]) -> int:
+        return subprocess.run([sys.executable, "-m", "agentgym.cli", *args], check=False).returncode
+
+    outcome = run_study(study, directory, run, say=console.print)
+    result = study_report(directory)
+    console.print(result["text"])
+    console.print(f"figure: {result['figure']}")
+    failed = [name for name, state in outcome.items() if state == "failed"]
+    if failed:
+        raise _fail(f"members that did not finish: {', '.join(failed)} (rerun the same command to resume them)", 1)
 
 
 @app.command("traces")
