@@ -117,7 +117,8 @@ def test_every_example_is_a_training_run_or_a_study_and_the_horizon_study_valida
         assert kind in ("TrainingRun", "Study"), path
     horizons = load_study(EXAMPLES / "study-horizons.yaml")
     assert [arm.name for arm in horizons.arms] == ["fixed-short", "fixed-long", "scaling-inter", "adaptive"]
-    assert len(horizons.members) == 12 and horizons.eval_max_turns == 8
+    assert len(horizons.members) == 12 and horizons.eval_max_turns == 12 and horizons.eval_tasks == 75
+    assert {m.run.spec.environments[0].split for m in horizons.members} == {"train-doors"}
     assert horizons.episodes_per_run == 24 * 4 * 8  # the quickstart's budget for every arm
     kinds = {m.arm: m.run.spec.curriculum.kind for m in horizons.members}
     assert kinds == {"fixed-short": "fixed", "fixed-long": "fixed", "scaling-inter": "scaling_inter",

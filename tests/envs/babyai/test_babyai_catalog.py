@@ -38,7 +38,7 @@ def test_forty_distinct_registered_non_debug_levels() -> None:
 def test_split_sizes(catalog: BabyAICatalog) -> None:
     splits = catalog.splits()
     assert (splits["train"], splits["test"]) == (40 * TRAIN_PER_LEVEL, 40 * TEST_PER_LEVEL) == (40_000, 1_000)
-    assert set(splits) == {"train", "test", "train-easy", "test-easy"}
+    assert set(splits) == {"train", "test", "train-easy", "test-easy", "train-doors", "test-doors"}
 
 
 def test_catalog_is_cached() -> None:
@@ -127,3 +127,18 @@ def test_easy_subset_splits_are_views_over_three_levels() -> None:
     assert {i.split("/")[0] for i in ids} == set(LEVEL_SUBSETS["easy"])
     assert cat.describe(cat.task_id("train-easy", 5))["split"] == "train"  # ordinary task ids
     assert set(cat.task_ids("train-easy", limit=300)).isdisjoint(ids)
+
+
+def test_the_doors_subset_needs_several_turns_where_easy_needs_one() -> None:
+    # Why the horizon study plays `doors`: measured with the scripted expert on every held-out task.
+    import statistics
+
+    from agentgym.envs.babyai.expert import BabyAIExpert
+    from agentgym.envs.babyai.levels import catalog
+
+    cat, expert = catalog(), BabyAIExpert()
+    doors = [len(expert.demonstrate(task)) for task in cat.task_ids("test-doors")]
+    easy = [len(expert.demonstrate(task)) for task in cat.task_ids("test-easy")]
+    assert len(doors) == 75 and statistics.median(doors) >= 5 and statistics.median(easy) <= 2
+    within = {h: sum(n <= h for n in doors) / len(doors) for h in (3, 8)}
+    assert within[3] < 0.35 and within[8] > 0.8  # a 3-turn horizon caps what can be solved; 8 turns rarely do

@@ -49,6 +49,9 @@ _SPLIT_SEEDS: dict[str, tuple[int, int]] = {
 # Their task ids are the ordinary ones (a subset task is also a task of the base split).
 LEVEL_SUBSETS: dict[str, tuple[str, ...]] = {
     "easy": ("GoToRedBallGrey", "GoToRedBall", "GoToRedBallNoDists"),
+    # Where the horizon matters (the horizon study): the expert needs a median 5-6 turns (open a door, then act
+    # beyond it), against 1 on the GoTo levels, whose "go to" actions walk the whole way in one turn.
+    "doors": ("OpenRedDoor", "PickupLoc", "OpenDoorLoc"),
 }
 
 _TASK_ID_RE = re.compile(r"^(?P<level>[A-Za-z0-9]+)/s(?P<seed>0|[1-9][0-9]*)$")
