@@ -46,10 +46,13 @@ def _figure(
     series: list[tuple[str, list[float], list[float], str]],
     ylabel: str,
     ylim: tuple[float, float] | None = None,
+    log_x: bool = False,
 ) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, xs, ys, style in series:
         ax.plot(xs, ys, style, label=label)
+    if log_x:
+        ax.set_xscale("log", base=2)
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -154,6 +157,8 @@ def make_report(run_dir: Path, out_dir: Path | None = None) -> dict[str, Any]:
                 )
             )
         eval_summaries.append((name, last))
+    scaling_text, scaling_figures = _test_time_scaling(out, evals)
+    figures += scaling_figures
 
     first, last_row = rows[0], rows[-1]
     summary = {
@@ -173,6 +178,7 @@ def make_report(run_dir: Path, out_dir: Path | None = None) -> dict[str, Any]:
     )
     for name, result in eval_summaries:
         text += f"\neval {name}: " + ", ".join(f"pass@{k} {v:.3f}" for k, v in result.get("pass@k", {}).items())
+    text += scaling_text
     (out / "summary.txt").write_text(text + "\n")
     body = "".join(
         f'<figure><img alt="{html.escape(p.stem)}" src="data:image/png;base64,'
@@ -187,6 +193,45 @@ def make_report(run_dir: Path, out_dir: Path | None = None) -> dict[str, Any]:
     )
     (out / "report.html").write_text(page)
     return {"summary": summary, "text": text, "figures": [str(p) for p in figures], "html": str(out / "report.html")}
+
+
+def _test_time_scaling(out: Path, evals: list[Path]) -> tuple[str, list[Path]]:
+    """The paper's test-time scaling figures over every eval file that swept them, overlaid (e.g. the base policy
+    against the trained one): success vs the max-turn budget (Fig. 8) and pass@k vs k (Fig. 9, unbiased pass@k)."""
+    sweeps: list[tuple[str, dict[str, Any]]] = []
+    for path in evals:
+        by_turns = json.loads(path.read_text()).get("by_max_turns", {})
+        if by_turns:
+            sweeps.append((path.stem, by_turns))
+    text, figures = "", []
+    turn_sweeps = [(name, by_turns) for name, by_turns in sweeps if len(by_turns) > 1]
+    if turn_sweeps:
+        series = []
+        for name, by_turns in turn_sweeps:
+            turns = sorted(by_turns, key=int)
+            series.append((name, [float(t) for t in turns], [float(by_turns[t]["success"]) for t in turns], "-o"))
+            text += f"\nsuccess by max turns ({name}): " + ", ".join(
+                f"{t}: {by_turns[t]['success']:.2f}" for t in turns
+            )
+        figures.append(
+            _figure(out / "test_time_max_turns.png", "Test-time scaling: max turns", "max turns", series,
+                    "success", (0, 1.05))
+        )  # fmt: skip
+    k_sweeps = [
+        (name, by_turns[max(by_turns, key=int)]["pass@k"], max(by_turns, key=int))
+        for name, by_turns in sweeps
+        if len(by_turns[max(by_turns, key=int)].get("pass@k", {})) > 1
+    ]
+    if k_sweeps:
+        series = []
+        for name, passes, budget in k_sweeps:
+            ks = sorted(passes, key=int)
+            series.append((f"{name} ({budget} turns)", [float(k) for k in ks], [float(passes[k]) for k in ks], "-o"))
+            text += f"\npass@k at {budget} turns ({name}): " + ", ".join(f"{k}: {passes[k]:.2f}" for k in ks)
+        path = _figure(out / "test_time_pass_at_k.png", "Test-time scaling: parallel samples", "k", series,
+                       "pass@k", (0, 1.05), log_x=True)  # fmt: skip
+        figures.append(path)
+    return text, figures
 
 
 def _fmt(value: Any) -> str:
