@@ -101,6 +101,9 @@ def test_an_arm_cannot_change_the_budget_or_the_seed(overrides: dict[str, Any], 
         ({"arms": [{"name": "Bad_Name"}]}, "spec.arms[0].name: String should match pattern"),
         ({"base": "nowhere.yaml"}, "spec.base: "),
         ({"evalMaxTurns": 0}, "spec.evalMaxTurns: Input should be greater than or equal to 1"),
+        # Base: 2 steps; stages [2, 3, 4] of one step each: horizon 4 would start at step 2, after the budget.
+        ({"arms": [{"name": "late", "overrides": {"curriculum": {"horizons": [2, 3, 4]}}}]},
+         "spec.arms[0] (late).overrides.curriculum.stageSteps: the last stage (horizon 4) starts at step 2, past"),
     ],
 )  # fmt: skip
 def test_bad_studies_are_refused_naming_the_field(document_patch: dict[str, Any], line: str, tmp_path: Path) -> None:
@@ -232,7 +235,7 @@ def test_the_cli_refuses_a_bad_study_and_emits_cluster_runs(tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_a_two_arm_study_runs_end_to_end_and_a_rerun_skips_it(tmp_path: Path) -> None:
-    document = study([ARMS[0], {"name": "staged", "overrides": {"curriculum": {"horizons": [2, 3]}}}], seeds=[1])
+    document = study([ARMS[0], {"name": "long", "overrides": {"curriculum": {"kind": "fixed", "maxTurns": 3}}}], [1])
     document["spec"]["base"]["spec"]["trainer"]["totalSteps"] = 1
     document["spec"]["evalTasks"] = 4
     path = tmp_path / "study.yaml"
@@ -241,7 +244,7 @@ def test_a_two_arm_study_runs_end_to_end_and_a_rerun_skips_it(tmp_path: Path) ->
     command = [*AGENTGYM, "study", str(path), "--study-dir", str(study_dir)]
     first = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    for arm in ("short", "staged"):
+    for arm in ("short", "long"):
         status = json.loads((study_dir / arm / "seed-1" / "status.json").read_text())
         assert status["phase"] == "Succeeded" and status["metrics"]["eval/end/horizon"] == 3
     assert "study hz: held-out success at the end" in first.stdout

@@ -207,6 +207,10 @@ def parse_study(document: Any, source_dir: Path = Path("."), source: str = "Stud
                 runs[(arm.name, seed)] = parse_training_run(run_document)
             except SpecError as error:
                 errors += [f"{where}: {line}" for line in error.errors if f"{where}: {line}" not in errors]
+                continue
+            unmet = _budget_unmet(runs[(arm.name, seed)], where)
+            if unmet and unmet not in errors:
+                errors.append(unmet)
     if errors:
         raise SpecError(errors, source)
     for seed in parsed.spec.seeds:  # seed-major: a study stopped half way is balanced across arms
@@ -220,6 +224,22 @@ def parse_study(document: Any, source_dir: Path = Path("."), source: str = "Stud
         parsed.metadata.name, base_run.to_document(), list(parsed.spec.arms), list(parsed.spec.seeds), members,
         max_turns, parsed.spec.eval_tasks,
     )  # fmt: skip
+
+
+def _budget_unmet(run: TrainingRun, where: str) -> str | None:
+    """A ScalingInter schedule whose last stage starts only after the budget's last step is never trained at."""
+    curriculum, spec = run.spec.curriculum, run.spec
+    if curriculum.kind != "scaling_inter":
+        return None
+    environment = spec.environments[0].name
+    stages, per_stage = curriculum.horizon_stages(environment), curriculum.steps_per_stage(environment)
+    last_starts = (len(stages) - 1) * per_stage
+    if last_starts < spec.trainer.total_steps:
+        return None
+    return (
+        f"{where}.overrides.curriculum.stageSteps: the last stage (horizon {stages[-1]}) starts at step {last_starts},"
+        f" past the budget of {spec.trainer.total_steps} steps: fewer or shorter stages"
+    )
 
 
 def load_study(path: str | Path) -> Study:
