@@ -98,8 +98,14 @@ SFT_FLAGS = ("sft_steps", "sft_tasks", "sft_batch", "sft_lr", "sft_thoughts")
 class EnginePolicy:
     """The rollout loop's `Policy` over an in-process inference engine."""
 
+    provider = "agentgym"
+
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+
+    @property
+    def model_name(self) -> str | None:
+        return self.engine.served_model_name
 
     async def sample(
         self,
@@ -120,7 +126,14 @@ class EnginePolicy:
         )
         out = await self.engine.generate(prompt_ids, params)
         sample = out.samples[0]
-        return Sample(list(sample.token_ids), list(sample.logprobs), sample.finish_reason, out.policy_version)
+        return Sample(
+            list(sample.token_ids),
+            list(sample.logprobs),
+            sample.finish_reason,
+            out.policy_version,
+            model=self.engine.served_model_name,
+            cached_tokens=out.cached_prompt_tokens,
+        )
 
 
 class InProcessEnvironments:
