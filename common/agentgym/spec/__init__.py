@@ -472,13 +472,17 @@ def parse_training_run(document: dict[str, Any], source: str = "TrainingRun") ->
         raise SpecError(format_validation_error(error), source) from None
 
 
-def load_training_run(path: str | Path) -> TrainingRun:
-    """Read and validate a TrainingRun YAML file."""
+def read_document(path: str | Path) -> Any:
+    """The YAML document in `path`; a missing file or bad YAML is a SpecError naming it."""
     path = Path(path)
     try:
-        document = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise SpecError([f"(file): {path} does not exist"], str(path)) from None
     except yaml.YAMLError as error:
         raise SpecError([f"(yaml): {error}"], str(path)) from None
-    return parse_training_run(document, str(path))
+
+
+def load_training_run(path: str | Path) -> TrainingRun:
+    """Read and validate a TrainingRun YAML file."""
+    return parse_training_run(read_document(path), str(path))

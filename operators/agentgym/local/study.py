@@ -36,7 +36,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from agentgym.spec import SpecError, SpecModel, TrainingRun, format_validation_error, parse_training_run
+from agentgym.spec import (
+    SpecError,
+    SpecModel,
+    TrainingRun,
+    format_validation_error,
+    parse_training_run,
+    read_document,
+)
 
 STUDY_FILE = "study.yaml"
 STUDY_LABEL, ARM_LABEL, SEED_LABEL = "agentgym.io/study", "agentgym.io/arm", "agentgym.io/seed"
@@ -244,13 +251,7 @@ def _budget_unmet(run: TrainingRun, where: str) -> str | None:
 
 def load_study(path: str | Path) -> Study:
     path = Path(path)
-    try:
-        document = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise SpecError([f"(file): {path} does not exist"], str(path)) from None
-    except yaml.YAMLError as error:
-        raise SpecError([f"(yaml): {error}"], str(path)) from None
-    return parse_study(document, path.parent, str(path))
+    return parse_study(read_document(path), path.parent, str(path))
 
 
 MemberState = Literal["done", "partial", "new"]
