@@ -372,20 +372,6 @@ def final_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return metric_records({"step": int(status.get("step") or 0), **metrics})
 
 
-def read_metric_rows(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a torn last line of a run still writing
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
-
-
 def import_run(client: MlflowClient, run_dir: Path) -> ImportResult:
     """Load a finished run directory into MLflow: traces, per-step metrics, evals, the spec."""
     traces_path = run_dir / "telemetry" / "traces.jsonl"
@@ -394,11 +380,11 @@ def import_run(client: MlflowClient, run_dir: Path) -> ImportResult:
     experiment_id, run_id = start_mlflow_run(client, run_dir)
     spans = list(read_spans(traces_path))
     client.log_spans(experiment_id, spans, run_id)
-    metrics = [record for row in read_metric_rows(run_dir / "metrics.jsonl") for record in metric_records(row)]
-    metrics += final_metrics(run_dir)
-    client.log_batch(run_id, metrics)
+    logged = MetricsFollower(client, run_id, run_dir / "metrics.jsonl").poll()  # the whole file, as a live run does
+    evals = final_metrics(run_dir)
+    client.log_batch(run_id, evals)
     client.finish_run(run_id)
-    return ImportResult(experiment_id, run_id, len(spans), len({s["trace_id"] for s in spans}), len(metrics))
+    return ImportResult(experiment_id, run_id, len(spans), len({s["trace_id"] for s in spans}), logged + len(evals))
 
 
 def mark_imported(store_dir: Path, result: ImportResult) -> None:
@@ -424,10 +410,9 @@ class MetricsFollower:
         self.run_id = run_id
         self.path = path
         self._offset = 0
-        self.logged_rows = 0
 
     def poll(self) -> int:
-        """Log the complete rows written since the last poll; returns how many."""
+        """Log the complete rows written since the last poll; returns how many metric points that was."""
         if not self.path.exists():
             return 0
         with self.path.open("rb") as handle:
@@ -438,7 +423,6 @@ class MetricsFollower:
             return 0
         self._offset += len(complete)
         records = []
-        rows = 0
         for line in complete.decode("utf-8", errors="replace").splitlines():
             try:
                 row = json.loads(line)
@@ -446,11 +430,9 @@ class MetricsFollower:
                 continue
             if isinstance(row, dict):
                 records += metric_records(row)
-                rows += 1
         if records:
             self.client.log_batch(self.run_id, records)
-        self.logged_rows += rows
-        return rows
+        return len(records)
 
 
 @dataclass
