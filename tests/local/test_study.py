@@ -223,6 +223,14 @@ def test_the_cli_refuses_a_bad_study_and_emits_cluster_runs(tmp_path: Path) -> N
     path.write_text(yaml.safe_dump(bad))
     refused = subprocess.run([*AGENTGYM, "study", str(path)], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "overrides.trainer.totalSteps" in refused.stderr
+    taken = tmp_path / "a-file"
+    taken.write_text("x")
+    good_document = tmp_path / "ok.yaml"
+    good_document.write_text(yaml.safe_dump(study(ARMS)))
+    for option in ("--study-dir", "--emit"):
+        clash = subprocess.run([*AGENTGYM, "study", str(good_document), option, str(taken)], capture_output=True,
+                               text=True, timeout=60)  # fmt: skip
+        assert clash.returncode == 2 and "is not a directory" in " ".join(clash.stderr.split()), option
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump(study(ARMS, seeds=[3])))
     out = tmp_path / "cluster"

@@ -221,6 +221,10 @@ def study_command(
             err_console.print(f"  {line}", soft_wrap=True)
         raise typer.Exit(2) from None
     directory = study_dir or Path("studies") / study.name
+    if directory.exists() and not directory.is_dir():
+        raise _fail(f"--study-dir: {directory} exists and is not a directory")
+    if emit is not None and emit.exists() and not emit.is_dir():
+        raise _fail(f"--emit: {emit} exists and is not a directory")
     console.print(
         f"study {study.name}: {len(study.arms)} arms x {len(study.seeds)} seeds; budget per run "
         f"{study.episodes_per_run} episodes ({study.members[0].run.spec.trainer.total_steps} RL steps)"
