@@ -1,8 +1,9 @@
-"""`agentgym inference serve` as a real process: it serves, and exits cleanly on SIGTERM."""
+"""`agentgym inference serve` as a real process: it serves, sizes its threads to its cores, exits on SIGTERM."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from agentgym.cpus import CPUS_VARIABLE
 from agentgym.inference.client import CompletionClient
 from agentgym.messaging import free_port
 
@@ -21,9 +23,10 @@ async def test_serve_command_serves_and_stops_on_sigterm(tiny_dir: Path) -> None
     port = free_port()
     cmd = [sys.executable, "-m", "agentgym.cli", "inference", "serve", "--model", str(tiny_dir), "--port", str(port)]
     process = subprocess.Popen(
-        [*cmd, "--threads", "1", "--max-batch-size", "8", "--prefix-cache-tokens", "4096", "--log-level", "warning"],
+        [*cmd, "--max-batch-size", "8", "--prefix-cache-tokens", "4096", "--log-level", "warning"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        env={**os.environ, CPUS_VARIABLE: "3"},  # as if its cgroup allowed 3 cores: torch gets all but one
     )
     try:
         async with CompletionClient(f"http://127.0.0.1:{port}", timeout=30) as client:
@@ -37,6 +40,7 @@ async def test_serve_command_serves_and_stops_on_sigterm(tiny_dir: Path) -> None
         async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as response:
             metrics = await response.text()
         assert "agentgym_inference_prefix_cache_capacity_tokens 4096.0" in metrics
+        assert "agentgym_inference_torch_threads 2.0" in metrics
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
     finally:

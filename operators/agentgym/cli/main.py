@@ -634,7 +634,12 @@ def inference_serve(
     max_model_len: Annotated[int | None, typer.Option(min=16, help="Context cap (default: the model's)")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N")] = "auto",
     dtype: Annotated[str, typer.Option(help="GPU dtype: bfloat16, float16, float32 (CPU: float32)")] = "bfloat16",
-    threads: Annotated[int | None, typer.Option(min=1, help="torch CPU threads")] = None,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            min=1, envvar="AGENTGYM_INFERENCE_THREADS", help="torch CPU threads (default: the usable cores but one)"
+        ),
+    ] = None,
     policy_version: Annotated[int, typer.Option(min=0, help="Version of the initial weights")] = 0,
     prefix_cache_tokens: Annotated[
         int | None,
@@ -643,6 +648,9 @@ def inference_serve(
     log_level: str = "info",
 ) -> None:
     """Serve a policy over the OpenAI-compatible completions API (docs at /docs)."""
+    from agentgym.cpus import prefer_sleeping_omp_threads
+
+    prefer_sleeping_omp_threads()  # before torch is imported
     from agentgym.inference.models import BUILTIN_MODELS
     from agentgym.inference.server import run
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from agentgym.cpus import prefer_sleeping_omp_threads
+
 log = logging.getLogger(__name__)
 
 
@@ -76,10 +78,7 @@ class Supervisor:
         log_path = self.log_dir / f"{spec.name}.log"
         handle = log_path.open("ab")
         environment = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
-        # The run's processes share the machine's cores. OpenMP threads that busy-wait between parallel regions
-        # (libgomp's default) take the cores another process is computing on: inference evaluating while the
-        # trainer fine-tunes ran twice as long as with threads that sleep (benchmarks/cpu_sharing_bench.py).
-        environment.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        prefer_sleeping_omp_threads(environment)  # the run's processes share the machine's cores
         # A new session: Ctrl-C in the terminal reaches the runner only, which stops children in order.
         # The parent-death signal makes children exit even if the runner itself is killed.
         process = subprocess.Popen(

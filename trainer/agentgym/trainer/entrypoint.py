@@ -23,7 +23,11 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from agentgym.trainer.config import RLTrainerConfig
+from agentgym.cpus import configure_torch_threads, prefer_sleeping_omp_threads, trainer_threads
+
+prefer_sleeping_omp_threads()  # before the trainer's modules import torch (libgomp reads it once)
+
+from agentgym.trainer.config import RLTrainerConfig  # noqa: E402
 
 __all__ = ["config_from_args", "main"]
 
@@ -93,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     from agentgym.trainer.distributed import follow, init_data_parallel, world_size_from_env
 
     world = world_size_from_env()
+    configure_torch_threads(trainer_threads())  # a pod's CPU limit or a cpuset, not the node's cores
     if world > 1 and config.backend != "deepspeed":
         raise SystemExit(f"WORLD_SIZE={world}: training on several ranks needs trainer.backend: deepspeed")
     from agentgym.messaging import default_nats_url

@@ -51,6 +51,7 @@ class InferenceMetrics:
         self.running = Gauge("agentgym_inference_running_sequences", "Sequences in the running batch", registry=r)
         self.waiting = Gauge("agentgym_inference_waiting_sequences", "Sequences queued", registry=r)
         self.policy_version = Gauge("agentgym_inference_policy_version", "Policy version being served", registry=r)
+        self.torch_threads = Gauge("agentgym_inference_torch_threads", "Torch intra-op CPU threads", registry=r)
         self.weight_loads = Counter(
             "agentgym_inference_weight_loads", "Weight load requests by outcome", ["result"], registry=r
         )

@@ -36,6 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from agentgym.cpus import configure_torch_threads, inference_threads
 from agentgym.inference.client import POLICY_VERSION_HEADER
 from agentgym.inference.engine import (
     Engine,
@@ -47,6 +48,7 @@ from agentgym.inference.engine import (
     StaleVersionError,
     WeightLoadError,
 )
+from agentgym.inference.weights import pick_device
 from agentgym.input_bounds import BodySizeLimit, safe_text, valid_unicode
 from agentgym.serving import UvicornWithoutSignals
 
@@ -524,7 +526,12 @@ async def serve(
 
 def run(model: str, **kwargs: Any) -> None:
     """The inference service's composition root (`agentgym inference serve`): telemetry when it is configured,
-    then `serve` until interrupted."""
+    then `serve` until interrupted. On CPU, torch threads are sized to the cores this process may use, not the
+    node's (`agentgym.cpus.inference_threads`) unless `num_threads` is given."""
+    threads = kwargs.get("num_threads")
+    if threads is None and pick_device(kwargs.get("device")).type == "cpu":
+        threads = inference_threads()
+    kwargs["num_threads"] = configure_torch_threads(threads)
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("AGENTGYM_TELEMETRY_DIR"):
         from agentgym.telemetry import setup_telemetry
 

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,6 +26,7 @@ from typing import Any, Literal, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from agentgym.cpus import available_cpus
 from agentgym.envs.base import (
     Environment,
     EnvironmentBusyError,
@@ -78,7 +78,7 @@ class ManagerConfig:
     never_stepped_timeout_s: float = 60.0
     step_timeout_s: float = 30.0
     reset_timeout_s: float = 120.0
-    worker_threads: int = field(default_factory=lambda: min(32, 4 * (os.cpu_count() or 1)))
+    worker_threads: int = field(default_factory=lambda: min(32, 4 * available_cpus()))
     reap_interval_s: float = 15.0
 
 

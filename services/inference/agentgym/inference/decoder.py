@@ -1,0 +1,165 @@
+"""A lean forward pass for Llama-shaped decoders (Llama, SmolLM2, Qwen2): the same weights, far fewer Python steps.
+
+A decode step of a small model on CPU is mostly framework overhead, not arithmetic: transformers' forward runs
+each layer through a dozen decorated module calls, builds a 4-D mask through its mask interface, and keeps q, k,
+v (and gate, up) as separate matmuls. For the quickstart's 4-layer model that overhead was about half of every
+decode step (`benchmarks/rollout_engines_bench.py`). `LeanDecoder` computes the same function directly:
+
+    h = embed(ids)
+    for each layer:  x = rms_norm(h);  q, k, v = split(x W_qkv + b_qkv);  q, k = rope(q, k)
+                     K, V = cache.update(k, v)                       (the batch's `GrowingLayer`)
+                     h = h + softmax(q K^T / sqrt(d) + mask) V W_o
+                     x = rms_norm(h);  g, u = split(x W_gate_up);   h = h + (silu(g) * u) W_down
+    logits = rms_norm(h)[:, -1] W_lm
+
+with q/k/v and gate/up fused into one matmul each. The fused matrices are the model's own storage: each
+projection's weight becomes a view into them, so nothing is duplicated and a weight swap (a new model object)
+gets a new `LeanDecoder`. Query rows attend to the key columns their 2-D mask allows that are not in their
+future (left-padded rows, prefix-cache hits: keys of earlier turns precede the new tokens), and always to their
+own column, so a padding query is finite rather than NaN.
+
+Models of another shape (sliding windows, q/k norms, MoE, tensor-parallel splits) keep transformers' forward:
+`LeanDecoder.for_model` returns None for them. `tests/inference/test_decoder.py` checks the logits against
+transformers' on prefill, prefix hits and padded decode batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["LeanDecoder"]
+
+_SUPPORTED = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
+
+
+def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One [sum(out), in] matrix (and bias) holding these projections; each Linear's weight becomes a view of it."""
+    weight = torch.cat([linear.weight.detach() for linear in linears], dim=0).contiguous()
+    has_bias = [linear.bias is not None for linear in linears]
+    if any(has_bias) and not all(has_bias):
+        raise ValueError("mixed biases")
+    bias = torch.cat([linear.bias.detach() for linear in linears]).contiguous() if all(has_bias) else None
+    start = 0
+    for linear in linears:
+        rows = linear.weight.shape[0]
+        linear.weight = nn.Parameter(weight[start : start + rows], requires_grad=False)
+        if bias is not None:
+            linear.bias = nn.Parameter(bias[start : start + rows], requires_grad=False)
+        start += rows
+    return weight, bias
+
+
+class _Layer:
+    __slots__ = ("down", "gate_up", "norm1", "norm2", "o", "o_bias", "qkv", "qkv_bias")
+
+    def __init__(self, layer: Any) -> None:
+        attention, mlp = layer.self_attn, layer.mlp
+        self.qkv, self.qkv_bias = _fuse([attention.q_proj, attention.k_proj, attention.v_proj])
+        self.o, self.o_bias = attention.o_proj.weight, attention.o_proj.bias
+        self.gate_up, _ = _fuse([mlp.gate_proj, mlp.up_proj])
+        self.down = mlp.down_proj.weight
+        self.norm1, self.norm2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+
+
+class LeanDecoder:
+    """`model`'s forward pass for the engine: last-position logits of a batch, KV appended to its cache."""
+
+    def __init__(self, model: Any) -> None:
+        config = model.config
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        self.eps = float(config.rms_norm_eps)
+        self.scaling = self.head_dim**-0.5
+        inner = model.model
+        self.embed = inner.embed_tokens.weight
+        self.rotary = inner.rotary_emb  # the model's own RoPE (scaling variants included)
+        self.norm = inner.norm.weight
+        self.lm_head = model.lm_head.weight
+        self.layers = [_Layer(layer) for layer in inner.layers]
+        self.q_width = self.heads * self.head_dim
+        self.kv_width = self.kv_heads * self.head_dim
+
+    @classmethod
+    def for_model(cls, model: Any) -> LeanDecoder | None:
+        """A lean forward for `model` when it has the plain Llama shape this computes exactly; else None."""
+        config = model.config
+        if type(model).__name__ not in _SUPPORTED:
+            return None
+        if getattr(config, "hidden_act", "silu") != "silu" or getattr(config, "mlp_bias", False):
+            return None
+        if int(getattr(config, "pretraining_tp", 1) or 1) != 1:
+            return None
+        if getattr(config, "use_sliding_window", False) or getattr(config, "sliding_window", None):
+            return None
+        inner = getattr(model, "model", None)
+        if inner is None or not hasattr(inner, "rotary_emb") or not hasattr(model, "lm_head"):
+            return None
+        for layer in inner.layers:
+            attention = layer.self_attn
+            if any(hasattr(attention, name) for name in ("q_norm", "k_norm")):
+                return None
+            if getattr(attention, "scaling", None) not in (None, int(attention.head_dim) ** -0.5):
+                return None
+        try:
+            return cls(model)
+        except (AttributeError, ValueError):
+            return None
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        """Logits `[batch, vocab]` (float32) at each row's last input position. `mask` `[batch, past + new]` marks
+        real key columns; `positions` `[batch, new]` are the new tokens' positions; `cache.layers[i].update` takes
+        the new keys/values `[batch, kv_heads, new, head_dim]` and returns all of them."""
+        batch, new = input_ids.shape
+        hidden = F.embedding(input_ids, self.embed)
+        cos, sin = self.rotary(hidden, positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [batch, 1, new, head_dim]
+        allowed = self._allowed(mask, new)
+        size = (int(hidden.shape[-1]),)
+        for index, layer in enumerate(self.layers):
+            x = F.rms_norm(hidden, size, layer.norm1, self.eps)
+            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            q, k, v = qkv.split((self.q_width, self.kv_width, self.kv_width), dim=-1)
+            q = q.view(batch, new, self.heads, self.head_dim).transpose(1, 2)
+            k = k.view(batch, new, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = v.view(batch, new, self.kv_heads, self.head_dim).transpose(1, 2)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            keys, values = cache.layers[index].update(k, v)
+            attended = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=allowed, scale=self.scaling, enable_gqa=self.kv_heads != self.heads
+            )
+            attended = attended.transpose(1, 2).reshape(batch, new, self.q_width)
+            hidden = hidden + F.linear(attended, layer.o, layer.o_bias)
+            x = F.rms_norm(hidden, size, layer.norm2, self.eps)
+            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+            hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
+        last = F.rms_norm(hidden[:, -1], size, self.norm, self.eps)
+        return F.linear(last, self.lm_head).float()
+
+    @staticmethod
+    def _allowed(mask: torch.Tensor, new: int) -> torch.Tensor:
+        """`[batch, 1, new, columns]` booleans: key column j is visible to new token i when the row's mask has it
+        and j <= past + i (the new tokens are the last `new` columns), or j is the token's own column."""
+        columns = mask.shape[1]
+        keys = mask.bool()[:, None, None, :]
+        if new == 1:
+            own = torch.zeros(columns, dtype=torch.bool, device=mask.device)
+            own[-1] = True
+            return keys | own
+        past = columns - new
+        query = torch.arange(new, device=mask.device)[:, None] + past
+        key = torch.arange(columns, device=mask.device)[None, :]
+        causal = key <= query
+        return (keys & causal) | (key == query)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, halves convention (transformers' `rotate_half`)."""
+    half = x.shape[-1] // 2
+    first, second = x[..., :half], x[..., half:]
+    return x * cos + torch.cat((-second, first), dim=-1) * sin

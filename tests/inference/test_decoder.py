@@ -1,0 +1,162 @@
+"""The engine's lean forward pass computes transformers' function: logits and KV on the engine's batch layouts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache, Qwen2Config, Qwen3Config
+
+from agentgym.inference.decoder import LeanDecoder
+from agentgym.inference.engine import Engine
+from agentgym.inference.kv import GrowingLayer
+from agentgym.inference.models import tiny_model_dir
+from agentgym.inference.sampling import SamplingParams
+from agentgym.inference.weights import cache_argument
+
+
+def growing_cache(model: Any) -> Any:
+    cache = DynamicCache(config=model.config)
+    for index in range(len(cache.layers)):
+        cache.layers[index] = GrowingLayer()
+    return cache
+
+
+def hf_logits(model: Any, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+        **{cache_argument(model): cache},
+    )
+    return out.logits[:, -1].float()
+
+
+def tiny_llama() -> Any:
+    return AutoModelForCausalLM.from_pretrained(str(tiny_model_dir()), dtype=torch.float32).eval()
+
+
+def tiny_qwen2() -> Any:
+    """Qwen2's shape: biases on q/k/v, untied head, grouped KV heads."""
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():  # non-zero biases, so that a dropped bias shows
+        for layer in model.model.layers:
+            for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                projection.bias.normal_(0, 0.5)
+    return model
+
+
+def left_padded(lengths: list[int], vocab: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    width = max(lengths)
+    ids = torch.randint(3, vocab, (len(lengths), width), generator=generator)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        mask[row, width - length :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids, mask, positions
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_qwen2], ids=["llama", "qwen2"])
+def test_prefill_decode_and_a_prefix_hit_chunk_match_transformers(build: Any) -> None:
+    model = build()
+    lean = LeanDecoder.for_model(model)
+    assert lean is not None
+    vocab = int(model.config.vocab_size)
+    generator = torch.Generator().manual_seed(1)
+    ours, theirs = growing_cache(model), growing_cache(model)
+    with torch.inference_mode():
+        # A left-padded prefill of three prompts.
+        ids, mask, positions = left_padded([5, 9, 2], vocab, generator)
+        torch.testing.assert_close(
+            lean.forward(ids, mask, positions, ours), hf_logits(model, ids, mask, positions, theirs)
+        )
+        lengths = mask.sum(-1)
+        # Decode steps: one new column a step.
+        for _ in range(3):
+            mask = torch.cat([mask, torch.ones(3, 1, dtype=mask.dtype)], dim=1)
+            step = torch.randint(3, vocab, (3, 1), generator=generator)
+            expected = hf_logits(model, step, mask, lengths[:, None], theirs)
+            torch.testing.assert_close(lean.forward(step, mask, lengths[:, None], ours), expected)
+            lengths = lengths + 1
+        # The next turn's chunk after cached KV: rows with shorter suffixes have padding between past and new.
+        suffix = torch.tensor([4, 2, 3])
+        new = int(suffix.max())
+        chunk_mask = torch.zeros(3, new, dtype=mask.dtype)
+        for row, length in enumerate(suffix.tolist()):
+            chunk_mask[row, new - length :] = 1
+        mask = torch.cat([mask, chunk_mask], dim=1)
+        positions = lengths[:, None] + (chunk_mask.cumsum(-1) - 1).clamp(min=0)
+        chunk = torch.randint(3, vocab, (3, new), generator=generator)
+        expected = hf_logits(model, chunk, mask, positions, theirs)
+        torch.testing.assert_close(lean.forward(chunk, mask, positions, ours), expected)
+    # The KV both wrote agree on every real column.
+    real = mask[:, None, :, None].bool()
+    for mine, reference in zip(ours.layers, theirs.layers, strict=True):
+        torch.testing.assert_close(mine.keys * real, reference.keys * real)
+        torch.testing.assert_close(mine.values * real, reference.values * real)
+
+
+def test_fused_projections_share_the_models_storage() -> None:
+    model = tiny_llama()
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    lean = LeanDecoder.for_model(model)
+    assert lean is not None
+    attention = model.model.layers[0].self_attn
+    assert attention.k_proj.weight.data_ptr() == lean.layers[0].qkv[attention.q_proj.weight.shape[0] :].data_ptr()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, before[name]), name
+
+
+def test_models_of_another_shape_keep_transformers_forward() -> None:
+    config = Qwen3Config(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
+    qwen3 = AutoModelForCausalLM.from_config(config).eval()  # q/k norms: not the plain Llama shape
+    assert LeanDecoder.for_model(qwen3) is None
+    qwen2 = tiny_qwen2()
+    qwen2.config.use_sliding_window, qwen2.config.sliding_window = True, 16
+    assert LeanDecoder.for_model(qwen2) is None
+
+
+async def _greedy(engine: Engine) -> list[list[int]]:
+    import asyncio
+
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompts = [list(range(10, 40)), list(range(50, 55)), list(range(60, 100))]
+    outputs = await asyncio.gather(*(engine.generate(prompt, params) for prompt in prompts))
+    return [output.samples[0].token_ids for output in outputs]
+
+
+def test_the_engine_generates_the_same_tokens_with_either_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    results = {}
+    for lean in ("1", "0"):
+        monkeypatch.setenv("AGENTGYM_LEAN_DECODER", lean)
+        engine = Engine(tiny_model_dir(), device="cpu", max_batch_size=4)
+        try:
+            assert (engine._lean is not None) == (lean == "1")
+            results[lean] = asyncio.run(_greedy(engine))
+        finally:
+            engine.close()
+    assert results["1"] == results["0"]
