@@ -39,19 +39,21 @@ def tiny_llama() -> Any:
     return AutoModelForCausalLM.from_pretrained(str(tiny_model_dir()), dtype=torch.float32).eval()
 
 
+SMALL_SHAPE: dict[str, Any] = {
+    "vocab_size": 300,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+"""A small decoder with grouped KV heads (2 query heads per KV head)."""
+
+
 def tiny_qwen2() -> Any:
     """Qwen2's shape: biases on q/k/v, untied head, grouped KV heads."""
     torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
+    config = Qwen2Config(**SMALL_SHAPE, max_position_embeddings=256, tie_word_embeddings=False)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():  # non-zero biases, so that a dropped bias shows
         for layer in model.model.layers:
@@ -122,15 +124,7 @@ def test_fused_projections_share_the_models_storage() -> None:
 
 
 def test_models_of_another_shape_keep_transformers_forward() -> None:
-    config = Qwen3Config(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-    )
+    config = Qwen3Config(**SMALL_SHAPE, head_dim=16)
     qwen3 = AutoModelForCausalLM.from_config(config).eval()  # q/k norms: not the plain Llama shape
     assert LeanDecoder.for_model(qwen3) is None
     qwen2 = tiny_qwen2()
