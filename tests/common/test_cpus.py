@@ -129,3 +129,24 @@ def test_the_trainer_process_sets_the_wait_policy_before_torch_loads() -> None:
     env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.split() == ["PASSIVE"]
+
+
+TRAINER = ["-m", "agentgym.trainer.entrypoint", "--run", "examples/quickstart.yaml", "--nats-url", "nats://127.0.0.1:1"]
+
+
+@pytest.mark.parametrize(
+    ("command", "code"),
+    [
+        (["-m", "agentgym.cli", "inference", "serve"], 2),  # a usage error of the CLI
+        (["-m", "agentgym.cli", "env", "serve", "babyai"], 2),
+        (TRAINER, 1),
+    ],
+    ids=["inference", "env-service", "trainer"],
+)
+def test_a_bad_core_count_is_refused_naming_the_variable_before_anything_starts(command: list[str], code: int) -> None:
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, CPUS_VARIABLE: "two"}
+    done = subprocess.run([sys.executable, *command], capture_output=True, text=True, env=env, cwd=root, timeout=120)
+    output = done.stdout + done.stderr
+    assert done.returncode == code and f"{CPUS_VARIABLE}='two' is not a positive integer" in output, output
+    assert "Traceback" not in output

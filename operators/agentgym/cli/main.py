@@ -44,6 +44,17 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+@app.callback()
+def _check_environment() -> None:
+    # Settings every command reads from the environment, refused before any command starts work.
+    from agentgym.cpus import available_cpus
+
+    try:
+        available_cpus()
+    except ValueError as error:
+        raise _fail(str(error)) from None
+
+
 def _parse_settings(pairs: list[str]) -> dict[str, Any]:
     """KEY=VALUE pairs; VALUE parsed as JSON when it parses (numbers, booleans), else a string."""
     settings: dict[str, Any] = {}

@@ -97,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     from agentgym.trainer.distributed import follow, init_data_parallel, world_size_from_env
 
     world = world_size_from_env()
-    configure_torch_threads(trainer_threads())  # a pod's CPU limit or a cpuset, not the node's cores
+    try:
+        configure_torch_threads(trainer_threads())  # a pod's CPU limit or a cpuset, not the node's cores
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
     if world > 1 and config.backend != "deepspeed":
         raise SystemExit(f"WORLD_SIZE={world}: training on several ranks needs trainer.backend: deepspeed")
     from agentgym.messaging import default_nats_url
