@@ -232,17 +232,15 @@ async def play(
 
 async def one_request_seconds(engine: str, url: str, prompt: list[int], tokens: int) -> float:
     """Wall time of one greedy request of exactly `tokens` new tokens (EOS ignored)."""
-    if engine == "llama":
-        path, body = "/completion", {"prompt": prompt, "n_predict": tokens, "temperature": 0.0, "cache_prompt": False}
-    else:
-        path, body = "/v1/completions", {"prompt": prompt, "max_tokens": tokens, "temperature": 0.0}
-    body["ignore_eos"] = True
-    if engine.startswith("vllm"):
-        body["model"] = "-"  # replaced below by the served name
     async with aiohttp.ClientSession() as session:
-        if engine.startswith("vllm"):
-            async with session.get(f"{url}/v1/models") as response:
+        if engine == "llama":
+            path = "/completion"
+            body: dict[str, object] = {"prompt": prompt, "n_predict": tokens, "cache_prompt": False}
+        else:
+            path, body = "/v1/completions", {"prompt": prompt, "max_tokens": tokens}
+            async with session.get(f"{url}/v1/models") as response:  # vLLM wants the served name
                 body["model"] = (await response.json())["data"][0]["id"]
+        body |= {"temperature": 0.0, "ignore_eos": True}
         started = time.perf_counter()
         async with session.post(f"{url}{path}", json=body) as response:
             response.raise_for_status()
@@ -436,7 +434,8 @@ def main() -> None:
     known = re.compile(rf"^(hf(:{option}(\+{option})*)?|vllm|llama)$")
     unknown = [engine for engine in engines if not known.match(engine)]
     if unknown or not engines:
-        parser.error(f"--engines: unknown {unknown}; choose from hf, hf:transformers, hf:threads=N, vllm, llama")
+        choices = "hf, hf:transformers, hf:threads=N (options joined by +), vllm, llama"
+        parser.error(f"--engines: unknown {unknown}; choose from {choices}")
     if "vllm" in engines and not vllm_python().exists():
         print(f"# no vLLM environment at {vllm_python()} (scripts/setup-vllm.sh): vllm skipped")
         engines.remove("vllm")
