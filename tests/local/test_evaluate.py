@@ -34,6 +34,7 @@ def test_summary_of_two_tasks() -> None:
     assert summary["pass@k"]["2"] == pytest.approx(((1 - 3 / 6) + (1 - 1 / 6)) / 2)
     assert summary["pass@k"]["4"] == 1.0
     assert summary["score_mean"] == pytest.approx(2.3 / 8)
+    assert summary["task_success"] == {"a": 0.25, "b": 0.5}
     # Standard error over the task rates 0.25 and 0.5: sqrt(((0.125^2) * 2) / 1 / 2) = 0.125.
     assert success_standard_error(successes) == pytest.approx(0.125)
     # Spread over the 75 tasks of test-easy: indices 0, 25, 50 (index i is level i % 3, seed i // 3).

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-from agentgym.local.run_eval import RunEvalSettings, eval_horizon, eval_settings_for
+import pytest
+
+from agentgym.local.run_eval import PhaseResult, RunEvalSettings, eval_horizon, eval_settings_for, paired_gain
 from agentgym.spec import load_training_run
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
@@ -21,3 +24,25 @@ def test_eval_samples_with_the_runs_temperature_and_top_p() -> None:
     assert settings.max_tokens_per_turn == spec.rollout.max_tokens_per_turn
     # The rollout workers keep their slots: maxEpisodes 128 less 32 of rollout leaves 96; the engine batch caps it.
     assert settings.concurrency == min(spec.inference.max_batch_size, 128 - 32)
+
+
+def _phase(name: str, per_env: dict[str, dict[str, float]]) -> PhaseResult:
+    environments = {env: {"task_success": tasks} for env, tasks in per_env.items()}
+    return PhaseResult(name, 0, 5, 0.0, 0.0, 0, 0, 0.0, environments)
+
+
+def test_paired_gain_compares_task_by_task() -> None:
+    before = _phase("start", {"babyai": {"a": 0.0, "b": 0.5, "c": 1.0}, "textcraft": {"x": 0.0}})
+    # "d" was not played before and is left out; differences: a +1, b +0, c -0.5, x +1.
+    after = _phase("end", {"babyai": {"a": 1.0, "b": 0.5, "c": 0.5, "d": 1.0}, "textcraft": {"x": 1.0}})
+    points, se, tasks = paired_gain(before, after)
+    assert tasks == 4
+    assert points == pytest.approx(100 * 1.5 / 4)
+    # sd of (1, 0, -0.5, 1) about 0.375: sqrt((0.390625 + 0.140625 + 0.765625 + 0.390625) / 3) = 0.75; / sqrt(4).
+    assert se == pytest.approx(100 * 0.75 / 2)
+
+
+def test_paired_gain_without_shared_tasks() -> None:
+    points, se, tasks = paired_gain(_phase("start", {"babyai": {}}), _phase("end", {"babyai": {"a": 1.0}}))
+    assert tasks == 0 and math.isnan(points) and math.isnan(se)
+    assert paired_gain(_phase("start", {"babyai": {"a": 0.0}}), _phase("end", {"babyai": {"a": 1.0}}))[1] == 0.0

@@ -96,7 +96,8 @@ def success_standard_error(successes: dict[str, list[bool]]) -> float:
 
 
 def summarise(successes: dict[str, list[bool]], scores: dict[str, list[float]], samples: int) -> dict[str, Any]:
-    """avg@k, pass@k for k in 1, 2, 4, ..., mean score, and the success rate with its standard error."""
+    """avg@k, pass@k for k in 1, 2, 4, ..., mean score, the success rate with its standard error, and each task's
+    success rate (``task_success``: two evaluations of the same tasks compare task by task, a paired difference)."""
     all_success = [s for values in successes.values() for s in values]
     rate = sum(all_success) / max(len(all_success), 1)
     result: dict[str, Any] = {
@@ -111,6 +112,7 @@ def summarise(successes: dict[str, list[bool]], scores: dict[str, list[float]], 
     for k in k_values(samples):
         per_task = [pass_at_k(len(v), sum(v), k) for v in successes.values() if len(v) >= k]
         result["pass@k"][str(k)] = sum(per_task) / max(len(per_task), 1)
+    result["task_success"] = {task: sum(values) / len(values) for task, values in successes.items() if values}
     return result
 
 
@@ -161,7 +163,7 @@ async def play_split(settings: EvalSettings, inference_url: str, env_url: str, c
             summary["errors"] = sum(t.termination == rl_pb2.TERMINATION_ERROR for t in trajectories)
             summary["seconds"] = round(time.perf_counter() - started, 1)
             results["by_max_turns"][str(max_turns)] = summary
-            log.info("max_turns=%d: %s", max_turns, summary)
+            log.info("max_turns=%d: %s", max_turns, {k: v for k, v in summary.items() if k != "task_success"})
     return results
 
 

@@ -18,6 +18,7 @@ contributed, and the wall time of each phase of the run.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -178,6 +179,28 @@ def load_phases(run_dir: Path) -> dict[str, PhaseResult]:
             except (ValueError, TypeError, KeyError):
                 continue
     return out
+
+
+def paired_gain(before: PhaseResult, after: PhaseResult) -> tuple[float, float, int]:
+    """The success gain in points over the tasks both phases played, with its paired standard error.
+
+    Each task t of each environment gives d_t = after_t - before_t (its success rates); the gain is
+    100 * mean(d) and its error 100 * sd(d) / sqrt(n). A task's difficulty cancels in d_t, so this error is
+    the right one for "did training help" and is usually smaller than the two phases' errors combined.
+    Returns (points, standard error in points, tasks compared); (nan, nan, 0) when no task is shared
+    (phases written before ``task_success`` existed).
+    """
+    differences: list[float] = []
+    for name, env_after in after.environments.items():
+        tasks_after = env_after.get("task_success") or {}
+        tasks_before = (before.environments.get(name) or {}).get("task_success") or {}
+        differences += [float(tasks_after[t]) - float(tasks_before[t]) for t in tasks_after if t in tasks_before]
+    n = len(differences)
+    if n == 0:
+        return math.nan, math.nan, 0
+    mean = sum(differences) / n
+    se = math.sqrt(sum((d - mean) ** 2 for d in differences) / (n - 1) / n) if n > 1 else 0.0
+    return 100.0 * mean, 100.0 * se, n
 
 
 def _points(before: PhaseResult, after: PhaseResult) -> float:

@@ -348,3 +348,19 @@ def test_instances_in_worker_threads() -> None:
     for thread in threads:
         thread.join()
     assert errors == []
+
+
+def test_depth_subsets_are_views_of_the_base_splits() -> None:
+    catalog = TextCraftEnv.catalog()
+    splits = catalog.splits()
+    # AgentGym's test set holds 31/41/25/3 goals of depth 1/2/3/4; the train split the other 94/250/92/8.
+    assert [splits[f"test-depth{d}"] for d in (1, 2, 3, 4)] == [31, 41, 25, 3]
+    assert [splits[f"train-depth{d}"] for d in (1, 2, 3, 4)] == [94, 250, 92, 8]
+    assert splits["train-shallow"] == 344 and splits["test-shallow"] == 72
+    shallow = catalog.task_ids("test-shallow")
+    assert shallow == tuple(t for t in catalog.task_ids("test") if catalog.info(t).depth <= 2)  # same order
+    assert catalog.task_id("test-depth2", 0) == catalog.task_ids("test-depth2")[0]
+    # A subset's task is a task of its base split, and plays as one.
+    assert catalog.describe(shallow[-1])["split"] == "test" and catalog.describe(shallow[-1])["depth"] == 2
+    with pytest.raises(UnknownTaskError, match="unknown split 'test-depth5'"):
+        catalog.task_ids("test-depth5")

@@ -11,6 +11,9 @@ Order and splits (all deterministic, independent of the machine and of Python's 
 * ``test``: the 100 positions of AgentGym's TextCraft test set (``textcraft_0..30``, ``140..180``,
   ``420..444``, ``533..535``) taken in that order: 31/41/25/3 goals of depth 1/2/3/4, as in AgentGym;
 * ``train``: the other 444 goals, in ``all`` order. (AgentGym's training file lists 374 of them.)
+* ``<split>-<subset>``: views of ``train``/``test`` by crafting depth, in the same order, for quick runs
+  (the CPU recipe): ``depth1`` .. ``depth4``, and ``shallow`` (depths 1 and 2: 344 train, 72 test goals). Their
+  task ids are the ordinary ones and a task's split stays its base split.
 
 The crafting commands of a task are ADaPT's: every recipe reachable from the goal (all of each
 ingredient's alternatives, and every member's recipes for a tag such as planks) plus up to 10
@@ -37,6 +40,14 @@ MAX_DISTRACTORS = 10
 DISTRACTORS_PER_INGREDIENT = 10
 # AgentGym's TextCraft test set, as positions in its depth-sorted goal list.
 AGENTGYM_TEST_POSITIONS: tuple[range, ...] = (range(0, 31), range(140, 181), range(420, 445), range(533, 536))
+# Depth views of the base splits: "<split>-<subset>" holds the split's goals of these crafting depths.
+DEPTH_SUBSETS: dict[str, frozenset[int]] = {
+    "depth1": frozenset({1}),
+    "depth2": frozenset({2}),
+    "depth3": frozenset({3}),
+    "depth4": frozenset({4}),
+    "shallow": frozenset({1, 2}),
+}
 
 
 def task_id_for(goal: str) -> str:
@@ -71,6 +82,9 @@ class TextCraftCatalog(TaskCatalog):
             infos[task_id] = TaskInfo(task_id, goal, book.depth(goal), index, split)
             splits["all"].append(task_id)
             splits[split].append(task_id)
+        for base in ("train", "test"):
+            for subset, depths in DEPTH_SUBSETS.items():
+                splits[f"{base}-{subset}"] = [t for t in splits[base] if infos[t].depth in depths]
         self._infos: Mapping[str, TaskInfo] = MappingProxyType(infos)
         self._splits: Mapping[str, tuple[str, ...]] = MappingProxyType({k: tuple(v) for k, v in splits.items()})
 
