@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import statistics
 import subprocess
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from quickstart_bench import load_note  # benchmarks/ is on sys.path: the script's own folder
 
 from agentgym.local.run_eval import PhaseResult, paired_gain
 
@@ -62,11 +62,6 @@ class SeedResult:
     wall_s: float
     phases: dict[str, PhaseResult]
     gain: tuple[float, float, int]  # start -> end: points, paired s.e., tasks
-
-
-def load_note() -> str:
-    one, five, _ = os.getloadavg()
-    return f"load {one:.1f} (5 min {five:.1f}) on {os.cpu_count()} CPUs"
 
 
 def seeded_spec(recipe: Path, seed: int, out: Path) -> Path:
