@@ -19,6 +19,7 @@ from agentgym.inference.models import (
     load_tokenizer,
     resolve_model,
     smollm2_tokenizer_dir,
+    tiny_model_dir,
 )
 
 SAMPLES = [
@@ -56,6 +57,15 @@ def test_tiny_model_is_deterministic_for_a_seed(tmp_path: Path, tiny_dir: Path) 
     assert (config["num_key_value_heads"], config["intermediate_size"]) == (2, 96)
     with pytest.raises(ModelError):
         build_tiny_model(tmp_path / "bad", hidden=65, heads=4)
+
+
+def test_cached_folders_are_readable_by_other_users(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An image builds the cache as root and runs as uid 10001: the folder must not keep mkdtemp's 0700.
+    monkeypatch.setenv("AGENTGYM_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tiny_model_dir(layers=1, hidden=64, heads=2, seed=5)
+    assert folder.parent == tmp_path / "cache" / "models"
+    assert folder.stat().st_mode & 0o777 == 0o755
+    assert all(path.stat().st_mode & 0o004 for path in folder.iterdir()), "files readable by others"
 
 
 def test_tokenizer_round_trips_and_matches_the_gguf_tokenizer(tiny_dir: Path) -> None:

@@ -93,6 +93,10 @@ def _cached_folder(target: Path, marker: dict[str, Any], build: Callable[[Path],
         try:
             build(tmp)
             (tmp / ".agentgym-cache.json").write_text(json.dumps(marker))
+            # mkdtemp makes it 0700 and transformers writes model.safetensors 0600: a cache built by one user (an
+            # image's build, as root) must be readable by the others (the image's own user).
+            for path in [tmp, *tmp.rglob("*")]:
+                path.chmod(0o755 if path.is_dir() else 0o644)
             if target.exists():
                 shutil.rmtree(target)
             tmp.rename(target)
