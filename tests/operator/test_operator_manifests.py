@@ -332,3 +332,15 @@ def test_telemetry_and_nats_wiring() -> None:
     secret = by_kind(children, "Secret")["quickstart-nats"]
     assert secret["data"]["url"] == "bmF0czovL3U6cEBuYXRzOjQyMjI="  # only in the Secret, base64
     assert all("u:p@" not in str(c) for c in children if c["kind"] != "Secret")
+
+
+def test_without_a_collector_pods_write_telemetry_to_their_writable_tmp() -> None:
+    children = build_children(inputs(run_of(), config=OperatorConfig(otlp_endpoint=None)))
+    pods = {**by_kind(children, "Job"), **by_kind(children, "Deployment")}
+    assert len(pods) >= 3  # trainer, inference, rollout, environments
+    for name, child in pods.items():
+        env = {e["name"]: e.get("value") for e in container(child)["env"]}
+        assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in env, name
+        assert env["AGENTGYM_TELEMETRY_DIR"] == "/tmp/telemetry", name
+        mounts = {m["mountPath"] for m in container(child)["volumeMounts"]}
+        assert "/tmp" in mounts, name  # an emptyDir: the root filesystem is read-only

@@ -31,6 +31,7 @@ from agentgym import plan
 from agentgym.operator.config import EnvironmentDefaults, OperatorConfig, Resources
 from agentgym.plan import GRPC_PORT, HTTP_PORT, Placement
 from agentgym.spec import API_GROUP, TrainingRun
+from agentgym.telemetry import TELEMETRY_DIR_VAR
 
 JSONDict = dict[str, Any]
 
@@ -45,6 +46,7 @@ CHECKPOINT_ANNOTATION = f"{API_GROUP}/checkpoint"
 SPEC_HASH_ANNOTATION = f"{API_GROUP}/spec-hash"
 WORKDIR = "/var/lib/agentgym"
 SPEC_DIR = "/etc/agentgym"
+POD_TELEMETRY_DIR = "/tmp/telemetry"
 SPEC_PATH = f"{SPEC_DIR}/spec.yaml"
 NATS_URL_ENV = "AGENTGYM_NATS_URL"
 GPU = "nvidia.com/gpu"
@@ -206,6 +208,9 @@ def _env(inputs: RunInputs, component: str) -> list[JSONDict]:
     ]
     if endpoint:
         env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": endpoint})
+    else:
+        # No collector: JSONL files on the writable emptyDir (the root filesystem is read-only).
+        env.append({"name": TELEMETRY_DIR_VAR, "value": POD_TELEMETRY_DIR})
     return env
 
 
