@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT / "scripts" / "build-images.sh"
@@ -32,6 +33,26 @@ class BuiltImage:
     reference: str
     size_mb: int
     build_s: int
+
+
+SELECTED_VAR = "AGENTGYM_IMAGES"
+"""Space-separated image names to build and test (default: all of IMAGE_NAMES). CI selects a subset."""
+
+
+def selected_images() -> list[str]:
+    """The images this session builds and tests, in build order; an unknown name is an error naming it."""
+    wanted = os.environ.get(SELECTED_VAR, "").split()
+    unknown = sorted(set(wanted) - set(IMAGE_NAMES))
+    if unknown:
+        raise ValueError(f"{SELECTED_VAR} names unknown images {unknown}; known: {' '.join(IMAGE_NAMES)}")
+    return [name for name in IMAGE_NAMES if name in wanted] if wanted else list(IMAGE_NAMES)
+
+
+def built_reference(built: Mapping[str, BuiltImage], name: str) -> str:
+    """The reference of a built image; the test is skipped, saying why, when this session did not build it."""
+    if name not in built:
+        pytest.skip(f"{name} is not built in this session ({SELECTED_VAR}={' '.join(sorted(built))!r})")
+    return built[name].reference
 
 
 def image_reference(name: str) -> str:

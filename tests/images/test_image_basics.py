@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from image_helpers import IMAGE_NAMES, SIZES_FILE, BuiltImage, podman, run_once
+from image_helpers import IMAGE_NAMES, SIZES_FILE, BuiltImage, built_reference, podman, run_once
 
 pytestmark = [pytest.mark.images, pytest.mark.slow]
 
@@ -45,7 +45,7 @@ def test_sizes_within_the_recorded_ones(built_images: dict[str, BuiltImage]) -> 
 
 @pytest.mark.parametrize("name", IMAGE_NAMES)
 def test_runs_as_its_own_non_root_user_on_a_read_only_root(built_images: dict[str, BuiltImage], name: str) -> None:
-    image = built_images[name].reference
+    image = built_reference(built_images, name)
     assert podman("image", "inspect", "--format", "{{.Config.User}}", image).stdout.strip() == USER
     # No --user: the image's own USER; --read-only with /tmp as the pods' emptyDir.
     options = ["--read-only", "--cap-drop=ALL", "--tmpfs", "/tmp:rw,mode=1777"]

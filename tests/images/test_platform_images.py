@@ -21,7 +21,7 @@ import kmock
 import nats
 import pytest
 import yaml
-from image_helpers import ROOT, BuiltImage, pod_run_args, run_container, run_once
+from image_helpers import ROOT, BuiltImage, built_reference, pod_run_args, run_container, run_once
 
 from agentgym.messaging import EmbeddedNats, RunChannels, ensure_run_streams, free_port
 from agentgym.operator.config import OperatorConfig
@@ -72,10 +72,11 @@ def nats_server(tmp_path: Path) -> Any:
 
 
 def test_inference_cpu_serves_the_tiny_model(built_images: dict[str, BuiltImage], tmp_path: Path) -> None:
+    image = built_reference(built_images, "inference-cpu")
     pod, spec = run_pod(quickstart(), "inference", "nats://nats:4222")
     options, command = pod_run_args(pod, spec, host_volumes={"checkpoints": writable_folder(tmp_path / "ckpt")})
     assert command[:3] == ["agentgym", "inference", "serve"] and "builtin:tiny" in command
-    with run_container(built_images["inference-cpu"].reference, command, options, publish=[HTTP_PORT]) as container:
+    with run_container(image, command, options, publish=[HTTP_PORT]) as container:
         url = container.url(HTTP_PORT)
         _, ready_s = container.wait_http(f"{url}/health", 180)
         payload = {"prompt": [1, 2, 3, 4], "max_tokens": 4, "temperature": 0, "logprobs": 1, "return_token_ids": True}
@@ -92,6 +93,7 @@ def test_inference_cpu_serves_the_tiny_model(built_images: dict[str, BuiltImage]
 async def test_rollout_worker_joins_the_runs_stream(
     built_images: dict[str, BuiltImage], tmp_path: Path, nats_server: EmbeddedNats
 ) -> None:
+    image = built_reference(built_images, "rollout")
     run = quickstart()
     channels = RunChannels(run.metadata.name)
     nc = await nats.connect(nats_server.url)
@@ -104,7 +106,7 @@ async def test_rollout_worker_joins_the_runs_stream(
     assert command[:3] == ["agentgym", "rollout", "worker"] and nats_server.url in command
     try:
         # The host network: NATS listens on the host's loopback.
-        with run_container(built_images["rollout"].reference, command, options, network_host=True) as container:
+        with run_container(image, command, options, network_host=True) as container:
             consumers: list[Any] = []
             for _ in range(240):
                 consumers = await js.consumers_info(channels.requests_stream)
@@ -142,6 +144,7 @@ print("RESULT", json.dumps({"step": trainer.step, "version": trainer.policy_vers
 
 
 def test_trainer_cpu_runs_a_tiny_step(built_images: dict[str, BuiltImage], tmp_path: Path) -> None:
+    image = built_reference(built_images, "trainer-cpu")
     run = quickstart()
     pod, spec = run_pod(run, "trainer", "nats://nats:4222")
     options, command = pod_run_args(
@@ -154,7 +157,7 @@ def test_trainer_cpu_runs_a_tiny_step(built_images: dict[str, BuiltImage], tmp_p
     # The trainer pod's user, read-only root and volumes; the test's own script instead of the entrypoint.
     helpers = ROOT / "tests" / "trainer" / "trainer_helpers.py"
     options += ["--volume", f"{helpers}:/opt/tests/trainer_helpers.py:ro", "--env", "PYTHONPATH=/opt/tests"]
-    code, output = run_once(built_images["trainer-cpu"].reference, ["python", "-c", TINY_STEP], options, timeout=600)
+    code, output = run_once(image, ["python", "-c", TINY_STEP], options, timeout=600)
     assert code == 0, output[-4000:]
     result = json.loads(output.split("RESULT", 1)[1].strip().splitlines()[0])
     assert result["step"] == 1 and result["version"] == 1 and result["changed"] and result["grad_norm"] > 0
@@ -200,7 +203,7 @@ async def api() -> AsyncIterator[Any]:
 async def test_operator_runs_and_its_helm_test_passes(
     built_images: dict[str, BuiltImage], tmp_path: Path, nats_server: EmbeddedNats, api: Any
 ) -> None:
-    image = built_images["operator"].reference
+    image = built_reference(built_images, "operator")
     rendered = render_chart(nats_server.url)
     deployment = find(rendered, "Deployment", "agentgym-operator")
     config_map = find(rendered, "ConfigMap", "agentgym-operator")
