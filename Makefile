@@ -4,7 +4,7 @@ PROTO_SRC := proto
 PROTO_OUT := common
 PROTOS := $(wildcard proto/agentgym/proto/*.proto)
 
-.PHONY: dev vllm ui images test-images proto crd generate lint typecheck test test-fast demo
+.PHONY: dev vllm ui images test-images test-crd proto crd generate lint typecheck test test-fast demo
 
 dev:
 	bash scripts/setup-dev.sh
@@ -26,6 +26,12 @@ images:
 test-images: dev
 	bash scripts/build-images.sh --setup-only
 	.venv/bin/pytest -q -p no:cacheprovider -m images tests/images
+
+# The generated CRD on Kubernetes' real apiextensions-apiserver + etcd (built once from Debian sid's Go source,
+# ≈ 10 CPU-minutes, cached outside the repository), each case also on the emulator the operator tests use.
+test-crd: dev
+	bash scripts/build-crd-server.sh
+	.venv/bin/pytest -q -p no:cacheprovider -m crd_server tests/operator/test_crd_server.py
 
 proto:
 	$(PY) -m agentgym.proto.generate $(PROTO_OUT)

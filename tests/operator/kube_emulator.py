@@ -18,9 +18,10 @@ depends on more than that, so `FidelityKubernetesEmulator` adds, as the real API
 - `labelSelector` (equality, inequality, set-based and existence terms) and `metadata.name` field
   selectors on lists;
 - for registered CustomResourceDefinitions: defaulting and pruning by the structural schema, validation
-  against it (422 naming every bad field; unknown fields rejected only with `fieldValidation=Strict`,
+  against it (422 naming every bad field; unknown fields rejected, 400, only with `fieldValidation=Strict`,
   like the real server), and the CEL transition rule `self == oldSelf` (immutable fields). Other CEL
-  rules raise at registration rather than pass silently.
+  rules raise at registration rather than pass silently. tests/operator/test_crd_server.py checks these
+  case by case against the real apiextensions-apiserver.
 
 Writes (create, patch, delete) are answered by the emulator itself (kmock reactions do not intercept them);
 reads go through kmock as usual, so tests can still script replies with its DSL.
@@ -222,10 +223,15 @@ class CustomResourceSchema:
         validator = jsonschema.Draft4Validator(openapi_to_jsonschema(self.schema))
         causes = []
         for error in sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path)):
+            parts = list(error.absolute_path)
+            reason, message = "FieldValueInvalid", error.message
+            if error.validator == "required":  # the real server names the missing field itself
+                parts.append(re.findall(r"'([^']+)' is a required property", error.message)[0])
+                reason, message = "FieldValueRequired", "Required value"
             field = ""
-            for part in error.absolute_path:
+            for part in parts:
                 field += f"[{part}]" if isinstance(part, int) else (f".{part}" if field else str(part))
-            causes.append({"reason": "FieldValueInvalid", "field": field or "(root)", "message": error.message})
+            causes.append({"reason": reason, "field": field or "(root)", "message": message})
         return causes
 
     def transition_errors(self, old: JSONDict, new: JSONDict) -> list[JSONDict]:
@@ -318,8 +324,12 @@ class FidelityKubernetesEmulator(kmock.KubernetesEmulator):
         schema.default(obj)
         unknown = schema.unknown_fields(obj)
         if unknown and request.params.get("fieldValidation") == "Strict":
-            causes = [{"reason": "FieldValueInvalid", "field": p, "message": "unknown field"} for p in unknown]
-            raise self._invalid(request, obj, causes)
+            # As the real server: refused while decoding (400, no causes), before any validation.
+            kind = self.resources[request.resource].kind if request.resource in self.resources else "object"
+            version = request.resource.version
+            fields = ", ".join(f'unknown field "{path}"' for path in unknown)
+            message = f'{kind} in version "{version}" cannot be handled as a {kind}: strict decoding error: {fields}'
+            raise _error(400, "BadRequest", message)
         schema.prune(obj, unknown)
         causes = schema.validate(obj)
         if old is not None:

@@ -152,28 +152,8 @@ async def _true(value: bool) -> bool:
     return value
 
 
-async def test_crd_validation_names_fields(cluster: Cluster) -> None:
-    bad = quickstart("bad")
-    bad["spec"]["algorithm"]["groupSize"] = 0
-    bad["spec"]["typo"] = 1
-    with pytest.raises(ApiError) as invalid:
-        await cluster.create("TrainingRun", bad)
-    assert invalid.value.status == 422
-    fields = [cause["field"] for cause in invalid.value.body["details"]["causes"]]
-    assert fields == ["spec.algorithm.groupSize"]  # unknown fields are pruned, as by default
-
-    async with cluster.session.post(
-        cluster.path("TrainingRun"),
-        params={"fieldValidation": "Strict"},
-        json=quickstart("strict") | {"spec": {**quickstart()["spec"], "typo": 1}},
-    ) as response:
-        body = await response.json()
-        assert response.status == 422 and body["details"]["causes"][0]["field"] == "spec.typo"
-    created = await cluster.create("TrainingRun", {**quickstart("pruned"), "spec": {**quickstart()["spec"], "typo": 1}})
-    assert "typo" not in created["spec"]
-    with pytest.raises(ApiError) as immutable:
-        await cluster.patch("TrainingRun", "pruned", {"spec": {"model": {"name": "other"}}})
-    assert "spec.model cannot change during a run" in immutable.value.body["message"]
+# CRD validation, pruning, strict decoding and immutable fields: test_crd_server.py, case by case against the real
+# apiextensions-apiserver where it is built, and on this emulator always.
 
 
 # -- the operator's client ---------------------------------------------------------------------------------------------
