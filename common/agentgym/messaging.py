@@ -10,6 +10,7 @@ Each TrainingRun owns three streams:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
@@ -24,10 +25,15 @@ from typing import TypeVar
 import httpx
 from google.protobuf.message import Message
 from nats.js import JetStreamContext
-from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
 M = TypeVar("M", bound=Message)
+
+# JetStream reserves a stream's max_bytes on the server for as long as the stream exists, so this is what each run
+# holds of the NATS volume (the chart's is 10 GiB): it bounds the trajectories not yet committed by the trainer
+# (the stream is a work queue: committed ones are deleted), many steps of the largest paper recipe.
+TRAJECTORY_STREAM_BYTES = 512 * 1024**2
 
 
 def nats_server_binary() -> str:
@@ -188,10 +194,13 @@ class RunChannels:
             StreamConfig(
                 name=self.trajectories_stream,
                 subjects=[self.trajectories_subject],
-                retention=RetentionPolicy.LIMITS,
+                retention=RetentionPolicy.WORK_QUEUE,
                 storage=storage,
                 duplicate_window=120.0,
-                max_bytes=4 * 1024**3,
+                max_bytes=TRAJECTORY_STREAM_BYTES,
+                # Full: a rollout worker's publish fails and it hands the request back (backpressure), rather
+                # than the stream dropping trajectories the trainer has not committed.
+                discard=DiscardPolicy.NEW,
             ),
             StreamConfig(
                 name=self.control_stream,
@@ -207,10 +216,17 @@ async def ensure_run_streams(js: JetStreamContext, channels: RunChannels) -> Non
     """Create the run's streams, or update them to the current config (idempotent)."""
     for config in channels.stream_configs():
         try:
-            await js.stream_info(config.name or "")
+            existing = await js.stream_info(config.name or "")
         except NotFoundError:
             await js.add_stream(config)
         else:
+            # JetStream cannot move a stream to or from a work queue: a stream made by an older release keeps
+            # its retention (and its limits then), the rest of the config is brought up to date.
+            if existing.config.retention != config.retention:
+                config = dataclasses.replace(config, retention=existing.config.retention)
+                if config.retention == RetentionPolicy.LIMITS:  # its limits were sized for keeping messages
+                    old = existing.config
+                    config = dataclasses.replace(config, max_bytes=old.max_bytes, discard=old.discard)
             await js.update_stream(config)
 
 
