@@ -291,6 +291,20 @@ class AdaptiveHorizon(HorizonSchedule):
     streaks keep counting meanwhile). A raise adds ``increment``, a lowering subtracts
     ``decrement`` (default ``increment``); the horizon stays within ``[minimum, maximum]``
     (clamped). ``stage`` counts the changes made so far. After a change streaks and history reset.
+
+    Why these signals (the paper's open problem 7: when to give the agent more turns):
+
+    - Truncation alone is not enough: an untrained policy is truncated at any horizon (it wanders), and
+      raising then is the fixed-long arm's failure, long noisy episodes the policy cannot learn from yet.
+    - A plateau alone is not enough: if few episodes hit the horizon, more turns cannot help; the
+      plateau is the policy's, not the budget's.
+    - Both together say the horizon is what caps success now: improvement has stopped while a large share
+      of episodes still ends by running out of turns.
+    - The history only holds steps at the current horizon, so a change is judged on what that horizon
+      did; ``patience`` filters one-step noise of small groups; ``cooldown`` gives the policy time to use
+      the turns it was just given before it is judged again.
+    - ``maximum`` is the budget's ceiling; a sensible one is about twice the expert's typical solution
+      length, beyond which extra turns mostly buy wandering (e.g. BabyAI doors: median 6, maximum 12).
     """
 
     kind = "adaptive"
