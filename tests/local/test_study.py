@@ -178,8 +178,12 @@ def test_mean_and_standard_error_over_seeds() -> None:
     assert mean_se([0.3]) == (0.3, None) and math.isnan(mean_se([])[0])
 
 
-def member_files(directory: Path, end_success: float, success: list[float], horizons: list[int]) -> None:
+def member_files(
+    directory: Path, end_success: float, success: list[float], horizons: list[int], phase: str = "Succeeded"
+) -> None:
     directory.mkdir(parents=True)
+    (directory / "spec.yaml").write_text("{}")
+    (directory / "status.json").write_text(json.dumps({"phase": phase}))
     rows = [{"step": 0, "sft/sft_loss": 3.0, "sft/sft_step": 0.0, "env": {}}]
     for step, (rate, horizon) in enumerate(zip(success, horizons, strict=True)):
         stats = {"success_rate": rate, "reward_mean": rate, "turns_mean": horizon - 0.5, "trajectories": 4.0,
@@ -196,10 +200,12 @@ def test_the_report_puts_the_arms_side_by_side_from_the_members_files(tmp_path: 
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(expanded.document()))
     member_files(tmp_path / "short" / "seed-1", 0.2, [0.0, 0.5], [2, 2])
     member_files(tmp_path / "short" / "seed-2", 0.4, [0.5, 1.0], [2, 2])
-    member_files(tmp_path / "staged" / "seed-1", 0.6, [0.0, 0.25], [2, 4])  # seed 2 not run yet
+    member_files(tmp_path / "staged" / "seed-1", 0.6, [0.0, 0.25], [2, 4])
+    member_files(tmp_path / "staged" / "seed-2", 0.9, [0.9], [2], phase="Running")  # half-way: left out
     result = study_report(tmp_path)
     short, staged = result["summary"]["arms"]
     assert (short["arm"], short["seeds"], staged["seeds"]) == ("short", 2, 1)
+    assert (short["unfinished"], staged["unfinished"]) == ([], [2])
     assert short["end_success"] == pytest.approx(0.3)
     assert short["end_success_se"] == pytest.approx(math.sqrt(0.02) / math.sqrt(2))  # stdev of (0.2, 0.4) / sqrt 2
     assert staged["end_success"] == 0.6 and staged["end_success_se"] is None
@@ -212,6 +218,7 @@ def test_the_report_puts_the_arms_side_by_side_from_the_members_files(tmp_path: 
     assert curves["short"]["success_rate"]["se"] == [pytest.approx(0.25), pytest.approx(0.25)]
     assert curves["staged"]["horizon"]["mean"] == [2.0, 4.0]
     assert "short" in result["text"] and "0.30 ± 0.10" in result["text"] and "0.60" in result["text"]
+    assert "unfinished (left out): staged seed 2" in result["text"]
     assert result["figure"].stat().st_size > 10_000
     cli = subprocess.run([*AGENTGYM, "report", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0 and "0.30 ± 0.10" in cli.stdout

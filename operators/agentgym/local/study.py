@@ -412,11 +412,15 @@ def study_report(study_dir: Path, out_dir: Path | None = None) -> dict[str, Any]
     arms = [arm["name"] for arm in document["spec"]["arms"]]
     seeds = list(document["spec"]["seeds"])
     figures: dict[str, list[MemberFigures]] = {arm: [] for arm in arms}
+    unfinished: dict[str, list[int]] = {arm: [] for arm in arms}
     for arm in arms:
         for seed in seeds:
             member_dir = study_dir / arm / f"seed-{seed}"
-            if (member_dir / "metrics.jsonl").exists():
+            state = member_state(member_dir)
+            if state == "done":
                 figures[arm].append(member_figures(member_dir, arm, seed))
+            elif state == "partial":  # a run half-way would mix a shorter budget into the arm's figures
+                unfinished[arm].append(seed)
     table = []
     for arm in arms:
         members = figures[arm]
@@ -426,7 +430,7 @@ def study_report(study_dir: Path, out_dir: Path | None = None) -> dict[str, Any]
         table.append({
             "arm": arm, "seeds": len(members), "end_success": success, "end_success_se": success_se,
             "environment_steps": env_steps, "environment_steps_se": env_steps_se, "train_seconds": seconds,
-            "per_seed": {m.seed: m.end_success for m in members},
+            "per_seed": {m.seed: m.end_success for m in members}, "unfinished": unfinished[arm],
         })  # fmt: skip
     curves = {arm: _mean_curves(figures[arm]) for arm in arms}
     out = out_dir or study_dir / "report"
@@ -475,6 +479,9 @@ def _table_text(name: str, table: list[dict[str, Any]]) -> str:
             f"{_format(row['environment_steps'], row['environment_steps_se'], 0):>16s}  "
             f"{_format(row['train_seconds'], None, 0):>8s}  {per_seed}"
         )
+    left_out = [f"{row['arm']} seed {seed}" for row in table for seed in row["unfinished"]]
+    if left_out:
+        lines += ["", f"unfinished (left out): {', '.join(left_out)}"]
     return "\n".join(lines)
 
 
