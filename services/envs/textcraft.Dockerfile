@@ -1,21 +1,34 @@
 # textcraft environment service. Build from the repository root:
 #   docker build -f services/envs/textcraft.Dockerfile -t agentgym/env-textcraft .
+# Each extra's requirement list (scripts/extra-requirements.py). The dependency layers below copy only theirs: a
+# source edit reinstalls the platform alone (seconds), not its dependencies (minutes). The same lines in every image.
+FROM python:3.11-slim AS requirements
+COPY pyproject.toml scripts/extra-requirements.py /src/
+RUN python /src/extra-requirements.py /src/pyproject.toml /requirements
+
 FROM python:3.11-slim AS build
 WORKDIR /src
-RUN python -m venv /opt/venv
+# The platform installs into /opt/agentgym-platform, on the venv's path: a source edit leaves the venv as it is.
+RUN python -m venv /opt/venv \
+    && echo /opt/agentgym-platform >"$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/agentgym-platform.pth"
+# The shared core and the service framework first: the same layers in every environment image.
+COPY --from=requirements /requirements/env-server.txt /requirements/
+RUN /opt/venv/bin/pip install --no-cache-dir -r /requirements/env-server.txt
+COPY --from=requirements /requirements/textcraft.txt /requirements/
+RUN /opt/venv/bin/pip install --no-cache-dir -r /requirements/textcraft.txt
 COPY pyproject.toml README.md ./
 COPY common common
 COPY services/envs services/envs
 COPY trainer trainer
 COPY operators operators
-# The shared core and the service framework first: the same layer in every environment image.
-RUN /opt/venv/bin/pip install --no-cache-dir ".[env-server]"
-RUN /opt/venv/bin/pip install --no-cache-dir ".[textcraft]"
+# The platform itself, on the dependencies above.
+RUN /opt/venv/bin/pip install --no-cache-dir --no-deps --target /opt/agentgym-platform .
 
 FROM python:3.11-slim
 RUN useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin agentgym
 COPY --from=build /opt/venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+COPY --from=build /opt/agentgym-platform /opt/agentgym-platform
+ENV PATH=/opt/agentgym-platform/bin:/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 USER 10001
 EXPOSE 8000 50051
 HEALTHCHECK --interval=10s --timeout=3s CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz')"]

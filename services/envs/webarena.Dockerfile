@@ -6,17 +6,29 @@
 # Real WebArena: mount the task configs and point at the sites, e.g.
 #   docker run -v $PWD/config_files:/tasks -e WA_SHOPPING=http://shop:7770 ... agentgym/env-webarena \
 #     --set tasks_path=/tasks/test.raw.json
+# Each extra's requirement list (scripts/extra-requirements.py). The dependency layers below copy only theirs: a
+# source edit reinstalls the platform alone (seconds), not its dependencies (minutes). The same lines in every image.
+FROM python:3.11-slim AS requirements
+COPY pyproject.toml scripts/extra-requirements.py /src/
+RUN python /src/extra-requirements.py /src/pyproject.toml /requirements
+
 FROM python:3.11-slim AS build
 WORKDIR /src
-RUN python -m venv /opt/venv
+# The platform installs into /opt/agentgym-platform, on the venv's path: a source edit leaves the venv as it is.
+RUN python -m venv /opt/venv \
+    && echo /opt/agentgym-platform >"$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/agentgym-platform.pth"
+# The shared core and the service framework first: the same layers in every environment image.
+COPY --from=requirements /requirements/env-server.txt /requirements/
+RUN /opt/venv/bin/pip install --no-cache-dir -r /requirements/env-server.txt
+COPY --from=requirements /requirements/webarena.txt /requirements/
+RUN /opt/venv/bin/pip install --no-cache-dir -r /requirements/webarena.txt
 COPY pyproject.toml README.md ./
 COPY common common
 COPY services/envs services/envs
 COPY trainer trainer
 COPY operators operators
-# The shared core and the service framework first: the same layer in every environment image.
-RUN /opt/venv/bin/pip install --no-cache-dir ".[env-server]"
-RUN /opt/venv/bin/pip install --no-cache-dir ".[webarena]"
+# The platform itself, on the dependencies above.
+RUN /opt/venv/bin/pip install --no-cache-dir --no-deps --target /opt/agentgym-platform .
 
 FROM python:3.11-slim
 # Debian's Chromium and its fonts; Playwright's own browser download is not used. libatomic1: Playwright's bundled
@@ -26,7 +38,8 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin agentgym
 COPY --from=build /opt/venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
+COPY --from=build /opt/agentgym-platform /opt/agentgym-platform
+ENV PATH=/opt/agentgym-platform/bin:/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
     AGENTGYM_CHROMIUM=/usr/bin/chromium WA_LOGIN_CACHE=/tmp/webarena-auth
 USER 10001
 EXPOSE 8000 50051

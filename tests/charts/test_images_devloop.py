@@ -73,7 +73,7 @@ def test_each_deployable_installs_only_its_own_extra(image: str) -> None:
     dockerfile, extra = OWN[image]
     assert ARTIFACTS[image] == dockerfile
     installs = " ".join(line for stage in venv_stages(ROOT / dockerfile) for line in stage if "pip install" in line)
-    extras = re.findall(r'"\.\[([a-z-]+)\]"', installs)
+    extras = re.findall(r"-r /requirements/([a-z-]+)\.txt", installs)
     assert extras == [extra], f"{image}: installs {extras}"
 
 
@@ -209,3 +209,49 @@ def test_the_vllm_image_is_what_the_operator_and_chart_run() -> None:
     assert patches["/deploy/helm/releases/0/setValueTemplates/images.vllm"] == (
         "{{.IMAGE_FULLY_QUALIFIED_agentgym_inference_vllm}}"
     )
+
+
+SOURCES = ("COPY common ", "COPY services", "COPY trainer ", "COPY operators ")
+PLATFORM = "/opt/agentgym-platform"
+"""Where the images install the platform (a .pth file puts it on the venv's path): not in the venv, so that the
+final stage's copy of the venv is unchanged, and cached, after a source edit."""
+
+
+# The vLLM image installs only the plugin, with the script the tested environment runs.
+BUILT_FROM_SOURCES = sorted(
+    str(path.relative_to(ROOT))
+    for path in ROOT.glob("*/**/*.Dockerfile")
+    if ".venv" not in path.parts and path != VLLM_DOCKERFILE
+)
+
+
+@pytest.mark.parametrize("dockerfile", BUILT_FROM_SOURCES)
+def test_dependencies_are_installed_before_the_sources_are_copied(dockerfile: str) -> None:
+    """A source edit rebuilds only the layer that installs the platform (`pip install --no-deps --target ...`) and
+    the final stage's copy of it: every other install of a stage comes before its sources, from a requirement list
+    of the shared `requirements` stage (its layer changes only when a requirement does)."""
+    built = stages(ROOT / dockerfile)
+    requirements = [stage for stage in built if stage[0].endswith(" AS requirements")]
+    assert requirements == [
+        [
+            "FROM python:3.11-slim AS requirements",
+            "COPY pyproject.toml scripts/extra-requirements.py /src/",
+            "RUN python /src/extra-requirements.py /src/pyproject.toml /requirements",
+        ]
+    ], f"{dockerfile}: the shared requirements stage, once"
+    for stage in built:
+        copies = [i for i, line in enumerate(stage) if line.startswith(SOURCES)]
+        if not copies:
+            continue
+        after = [line for line in stage[copies[0] :] if "pip install" in line]
+        assert len(after) == 1 and after[0].endswith(f"pip install --no-cache-dir --no-deps --target {PLATFORM} ."), (
+            f"{dockerfile} ({stage[0]}): after the sources, only the platform is installed, into {PLATFORM}: {after}"
+        )
+        assert f"echo {PLATFORM} >" in stage[1] + stage[2], f"{dockerfile} ({stage[0]}): {PLATFORM} on the venv's path"
+        before = [line for line in stage[: copies[0]] if "pip install" in line and " -r " in line]
+        for line in before:
+            [listed] = re.findall(r"-r (/requirements/[a-z-]+\.txt)", line)
+            assert f"COPY --from=requirements {listed} /requirements/" in stage, f"{dockerfile}: {listed} not copied"
+    final = built[-1]
+    assert any(line.startswith(f"COPY --from=build {PLATFORM} {PLATFORM}") for line in final), dockerfile
+    assert any(line.startswith(f"ENV PATH={PLATFORM}/bin:/opt/venv/bin:$PATH ") for line in final), dockerfile
