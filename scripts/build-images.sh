@@ -188,13 +188,23 @@ build_one() {
       args+=(--build-arg "TORCH_INDEX_URL=https://pypi.org/simple")
     fi
   fi
-  log "building $(image_name "$name") from $dockerfile"
-  podman build --quiet --format docker --pull=never --layers --ignorefile "$CACHE/dockerignore" \
-    "${BUILD_MOUNTS[@]}" "${args[@]}" -f "$dockerfile" -t "$(image_name "$name")" . \
-    2> >(grep -v -e "is ignored: it is neither a file nor a directory" >&2) >/dev/null
-  local seconds=$((SECONDS - start)) size
+  local build_log="$CACHE/logs/$name.log"
+  mkdir -p "$CACHE/logs"
+  log "building $(image_name "$name") from $dockerfile (log: $build_log)"
+  if ! podman build --format docker --pull=never --layers --ignorefile "$CACHE/dockerignore" \
+    "${BUILD_MOUNTS[@]}" "${args[@]}" -f "$dockerfile" -t "$(image_name "$name")" . >"$build_log" 2>&1; then
+    log "building $name failed; the end of $build_log:"
+    grep -v -e "is ignored: it is neither a file nor a directory" "$build_log" | tail -n 40 >&2
+    exit 1
+  fi
+  local seconds=$((SECONDS - start)) size steps cached
   size=$(podman image inspect --format '{{.Size}}' "$(image_name "$name")")
-  printf '%-16s %6d MB %5d s\n' "$name" $((size / 1000000)) "$seconds" | tee -a "$CACHE/build-times.txt"
+  # Steps that make a layer (every one but FROM), and how many of them came from the layer cache.
+  steps=$(grep -c -E '^(\[[0-9]+/[0-9]+\] )?STEP [0-9]+/[0-9]+: ' "$build_log" || true)
+  steps=$((steps - $(grep -c -E '^(\[[0-9]+/[0-9]+\] )?STEP [0-9]+/[0-9]+: FROM ' "$build_log" || true)))
+  cached=$(grep -c -e '^--> Using cache ' "$build_log" || true)
+  printf '%-16s %6d MB %5d s %5s cached\n' "$name" $((size / 1000000)) "$seconds" "$cached/$steps" \
+    | tee -a "$CACHE/build-times.txt"
 }
 
 main() {
@@ -217,7 +227,7 @@ main() {
   printf '%s\n' .git '.venv*' '**/__pycache__' '**/*.pyc' '.mypy_cache' '.ruff_cache' '.pytest_cache' \
     'runs' 'outputs' >"$CACHE/dockerignore"
   : >"$CACHE/build-times.txt"
-  printf '%-16s %9s %7s\n' image size build
+  printf '%-16s %9s %7s %12s\n' image size build 'layer steps'
   for name in "${names[@]}"; do
     build_one "$name"
   done

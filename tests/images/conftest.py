@@ -40,7 +40,7 @@ def built_images() -> dict[str, BuiltImage]:
     assert build.returncode == 0, f"scripts/build-images.sh failed:\n{build.stdout}\n{build.stderr[-6000:]}"
     images: dict[str, BuiltImage] = {}
     for line in build.stdout.splitlines():
-        match = re.fullmatch(r"(\S+)\s+(\d+) MB\s+(\d+) s", line.strip())
+        match = re.fullmatch(r"(\S+)\s+(\d+) MB\s+(\d+) s\s+\d+/\d+ cached", line.strip())
         if match:
             name = match[1]
             images[name] = BuiltImage(name, image_reference(name), int(match[2]), int(match[3]))
