@@ -171,6 +171,82 @@ def test_a_rerun_skips_finished_members_and_resumes_a_half_finished_one(tmp_path
     assert run_study(expanded, tmp_path, lambda args: 1, say=said.append) == dict.fromkeys(outcome, "done")
 
 
+def warmed_base(**trainer: Any) -> dict[str, Any]:
+    document = base()
+    # GoTo levels: their expert demonstrations fit the base's 1,024-token context.
+    document["spec"]["environments"][0].update({"split": "train-easy", "evalSplit": "test-easy"})
+    document["spec"]["trainer"].update({"sftWarmupSteps": 2, "sftTasks": 4, **trainer})
+    return document
+
+
+def test_a_base_with_a_warm_up_shares_it_per_seed_and_arms_may_override_only_what_it_does_not_read() -> None:
+    assert parse_study(study(ARMS)).shared_warmup is False  # no warm-up in the base: each member is as it is
+    shared = parse_study({**study(ARMS), "spec": {**study(ARMS)["spec"], "base": warmed_base()}})
+    assert shared.shared_warmup is True and shared.document()["spec"]["sharedWarmup"] is True
+    arms = [*ARMS, {"name": "x", "overrides": {"trainer": {"checkpointEvery": 2}, "model": {"maxContextTokens": 512}}}]
+    document = study(arms)
+    document["spec"]["base"] = warmed_base()
+    with pytest.raises(SpecError) as refused:
+        parse_study(document)
+    assert [line.split(":")[0] for line in refused.value.errors] == [
+        "spec.arms[2] (x).overrides.model", "spec.arms[2] (x).overrides.trainer",
+    ]  # fmt: skip
+    assert "or set sharedWarmup: false" in refused.value.errors[0]
+    document["spec"]["sharedWarmup"] = False  # each member warms itself up: any override
+    assert parse_study(document).shared_warmup is False
+    with pytest.raises(SpecError) as nothing_to_share:
+        parse_study(study(ARMS, sharedWarmup=True))
+    assert nothing_to_share.value.errors == [
+        "spec.sharedWarmup: the base has no warm-up to share (its trainer.sftWarmupSteps is 0)"
+    ]
+
+
+def test_each_seed_warms_up_once_and_its_arms_start_rl_from_that_policy(tmp_path: Path) -> None:
+    document = study(ARMS)
+    document["spec"]["base"] = warmed_base()
+    expanded = parse_study(document)
+    calls: list[list[str]] = []
+    failing_seeds: set[str] = set()
+
+    def run(args: list[str]) -> int:
+        calls.append(args)
+        if args[0] == "sft":
+            seed = yaml.safe_load(Path(args[1]).read_text())["spec"]["trainer"]["seed"]
+            if str(seed) in failing_seeds:
+                return 1
+            policy = Path(args[args.index("--output-dir") + 1]) / "checkpoints" / "step-0"
+            policy.mkdir(parents=True)
+            (policy / "trainer_state.json").write_text(json.dumps({"sft_done": True}))
+            return 0
+        run_dir = Path(args[args.index("--run-dir") + 1])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "status.json").write_text(json.dumps({"phase": "Succeeded"}))
+        return 0
+
+    failing_seeds.add("2")
+    said: list[str] = []
+    outcome = run_study(expanded, tmp_path, run, say=said.append)
+    assert outcome == {"short/seed-1": "done", "staged/seed-1": "done", "short/seed-2": "failed",
+                       "staged/seed-2": "failed"}  # fmt: skip
+    # One warm-up per seed (a failed one is not retried for each arm), before that seed's members.
+    assert [c[0] for c in calls] == ["sft", "run", "run", "sft"]
+    warmup_spec = yaml.safe_load(Path(calls[0][1]).read_text())
+    assert warmup_spec["metadata"]["name"] == "hz-warmup-s1" and warmup_spec["spec"]["trainer"]["seed"] == 1
+    assert warmup_spec["spec"]["trainer"]["sftWarmupSteps"] == 2
+    policy = tmp_path / "warmup" / "seed-1" / "checkpoints" / "step-0"
+    for arm in ("short", "staged"):
+        member = yaml.safe_load((tmp_path / arm / "seed-1.yaml").read_text())["spec"]
+        assert member["model"]["name"] == str(policy.resolve()) and member["trainer"]["sftWarmupSteps"] == 0
+        assert member["trainer"]["seed"] == 1
+    assert "[3/4] short/seed-2: failed (no warm-up for seed 2)" in said
+    # A rerun makes the missing warm-up only: seed 1's is kept (its members are done anyway).
+    failing_seeds.clear()
+    calls.clear()
+    assert set(run_study(expanded, tmp_path, run, say=said.append).values()) == {"done"}
+    assert [c[0] for c in calls] == ["sft", "run", "run"]
+    assert "hz-warmup-s2" in Path(calls[0][1]).read_text()
+
+
 def test_mean_and_standard_error_over_seeds() -> None:
     mean, se = mean_se([0.2, 0.4, 0.9])
     assert mean == pytest.approx(0.5)
@@ -179,7 +255,12 @@ def test_mean_and_standard_error_over_seeds() -> None:
 
 
 def member_files(
-    directory: Path, end_success: float, success: list[float], horizons: list[int], phase: str = "Succeeded"
+    directory: Path,
+    end_success: float,
+    success: list[float],
+    horizons: list[int],
+    phase: str = "Succeeded",
+    evals: dict[str, float] | None = None,
 ) -> None:
     directory.mkdir(parents=True)
     (directory / "spec.yaml").write_text("{}")
@@ -191,15 +272,16 @@ def member_files(
         rows.append({"step": step, "policy_loss": 0.1, "horizon": horizon, "entropy": 1.0, "env": {"all": stats}})
     (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (directory / "eval").mkdir()
-    summary = {"phases": {"end": {"success": end_success}}, "seconds": {"trainer_started": 5.0, "trainer_done": 65.0}}
+    phases = {name: {"success": value} for name, value in (evals or {}).items()} | {"end": {"success": end_success}}
+    summary = {"phases": phases, "seconds": {"trainer_started": 5.0, "trainer_done": 65.0}}
     (directory / "eval" / "summary.json").write_text(json.dumps(summary))
 
 
 def test_the_report_puts_the_arms_side_by_side_from_the_members_files(tmp_path: Path) -> None:
     expanded = parse_study(study(ARMS))
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(expanded.document()))
-    member_files(tmp_path / "short" / "seed-1", 0.2, [0.0, 0.5], [2, 2])
-    member_files(tmp_path / "short" / "seed-2", 0.4, [0.5, 1.0], [2, 2])
+    member_files(tmp_path / "short" / "seed-1", 0.2, [0.0, 0.5], [2, 2], evals={"start": 0.0, "sft": 0.1})
+    member_files(tmp_path / "short" / "seed-2", 0.4, [0.5, 1.0], [2, 2], evals={"start": 0.0, "sft": 0.3})
     member_files(tmp_path / "staged" / "seed-1", 0.6, [0.0, 0.25], [2, 4])
     member_files(tmp_path / "staged" / "seed-2", 0.9, [0.9], [2], phase="Running")  # half-way: left out
     result = study_report(tmp_path)
@@ -209,6 +291,8 @@ def test_the_report_puts_the_arms_side_by_side_from_the_members_files(tmp_path: 
     assert short["end_success"] == pytest.approx(0.3)
     assert short["end_success_se"] == pytest.approx(math.sqrt(0.02) / math.sqrt(2))  # stdev of (0.2, 0.4) / sqrt 2
     assert staged["end_success"] == 0.6 and staged["end_success_se"] is None
+    assert short["warmup_success"] == pytest.approx(0.2)  # each member's own warm-up: its `sft` eval
+    assert math.isnan(staged["warmup_success"])
     # Environment steps: trajectories x mean turns, summed over the steps (4 x 1.5 + 4 x 1.5; 4 x 1.5 + 4 x 3.5).
     assert short["environment_steps"] == 12.0 and staged["environment_steps"] == 20.0
     assert short["train_seconds"] == 60.0
@@ -222,6 +306,16 @@ def test_the_report_puts_the_arms_side_by_side_from_the_members_files(tmp_path: 
     assert result["figure"].stat().st_size > 10_000
     cli = subprocess.run([*AGENTGYM, "report", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0 and "0.30 ± 0.10" in cli.stdout
+
+
+def test_with_a_shared_warm_up_the_report_takes_the_start_eval_as_the_warm_up(tmp_path: Path) -> None:
+    document = study(ARMS)
+    document["spec"]["base"] = warmed_base()
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(parse_study(document).document()))
+    member_files(tmp_path / "short" / "seed-1", 0.2, [0.0], [2], evals={"start": 0.25})
+    member_files(tmp_path / "short" / "seed-2", 0.4, [0.5], [2], evals={"start": 0.35})
+    short = study_report(tmp_path)["summary"]["arms"][0]
+    assert short["warmup_success"] == pytest.approx(0.3) and short["warmup_success_se"] == pytest.approx(0.05)
 
 
 def test_the_cli_refuses_a_bad_study_and_emits_cluster_runs(tmp_path: Path) -> None:
@@ -251,7 +345,7 @@ def test_the_cli_refuses_a_bad_study_and_emits_cluster_runs(tmp_path: Path) -> N
 @pytest.mark.slow
 def test_a_two_arm_study_runs_end_to_end_and_a_rerun_skips_it(tmp_path: Path) -> None:
     document = study([ARMS[0], {"name": "long", "overrides": {"curriculum": {"kind": "fixed", "maxTurns": 3}}}], [1])
-    document["spec"]["base"]["spec"]["trainer"]["totalSteps"] = 1
+    document["spec"]["base"] = warmed_base(totalSteps=1)  # the seed's warm-up, shared by both arms
     document["spec"]["evalTasks"] = 4
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(document))
@@ -259,9 +353,18 @@ def test_a_two_arm_study_runs_end_to_end_and_a_rerun_skips_it(tmp_path: Path) ->
     command = [*AGENTGYM, "study", str(path), "--study-dir", str(study_dir)]
     first = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert first.stdout.count("warm-up of seed 1: starting") == 1 and "warm-up of seed 1: done" in first.stdout
+    policy = study_dir / "warmup" / "seed-1" / "checkpoints" / "step-0"
+    assert (policy / "config.json").is_file()
     for arm in ("short", "long"):
         status = json.loads((study_dir / arm / "seed-1" / "status.json").read_text())
         assert status["phase"] == "Succeeded" and status["metrics"]["eval/end/horizon"] == 3
+        # RL started from the shared warm-up's policy, measured at `start`, with no warm-up of its own.
+        assert yaml.safe_load((study_dir / arm / "seed-1" / "spec.yaml").read_text())["spec"]["model"]["name"] == (
+            str(policy.resolve())
+        )
+        phases = json.loads((study_dir / arm / "seed-1" / "eval" / "summary.json").read_text())["phases"]
+        assert set(phases) == {"start", "end"}
     assert "study hz: held-out success at the end" in first.stdout
     assert (study_dir / "report" / "study.png").stat().st_size > 10_000
     again = subprocess.run(command, capture_output=True, text=True, timeout=300)

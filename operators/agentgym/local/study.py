@@ -15,6 +15,13 @@ The budget is the base's and the same for every arm: `trainer.totalSteps` RL ste
 `trainer.seed` (the study sets it): refused naming the field. What the budget buys in environment steps and wall time
 differs by arm (a longer horizon plays more turns) and is reported per arm.
 
+With an SFT warm-up in the base, the arms of a seed share one (`sharedWarmup`, on by default then): the study runs
+`agentgym sft` once per seed into `<study dir>/warmup/seed-<n>` and every arm of that seed starts RL from that policy
+(`model.name` the warm-up's checkpoint, `trainer.sftWarmupSteps` 0). The arms are then compared from the same start,
+a paired design (the warm-up's own run-to-run spread is not mixed into the differences between arms), and the study
+does a third less work. An arm may then override only what the warm-up does not read (`curriculum`, `algorithm`,
+`rollout`, `inference`): anything else is refused naming the field.
+
 Locally (`agentgym study`) the members run one after another, seed-major (every arm's seed 1, then seed 2, ...) so a
 study stopped half way is balanced across arms; each lives in `<study dir>/<arm>/seed-<n>` and a rerun skips the
 finished ones and resumes a half-finished one from its checkpoint. On a cluster, `--emit DIR` writes one TrainingRun
@@ -53,6 +60,10 @@ BUDGET_FIELDS: tuple[tuple[str, str], ...] = (
     ("algorithm", "groupSize"),
 )
 STUDY_SET_FIELDS: tuple[tuple[str, str], ...] = (("trainer", "seed"),)
+WARMUP_FREE_SECTIONS = ("curriculum", "algorithm", "rollout", "inference")
+"""What an arm may override when its seed's warm-up is shared: parts of the spec the SFT warm-up does not read (it
+reads the model, the environments and their tasks, the trainer's settings and the seed)."""
+WARMUP_DIR = "warmup"
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
@@ -72,6 +83,8 @@ class StudySpec(SpecModel):
     """Max turns of every member's held-out evals, the same for all arms (default: the longest final horizon)."""
     eval_tasks: int = Field(default=100, ge=1)
     """Held-out tasks each eval plays (before training, after a warm-up, at the end)."""
+    shared_warmup: bool | None = None
+    """One SFT warm-up per seed, shared by the arms (default: on when the base has `trainer.sftWarmupSteps`)."""
 
     @field_validator("seeds")
     @classmethod
@@ -124,6 +137,7 @@ class Study:
     members: list[Member]
     eval_max_turns: int
     eval_tasks: int
+    shared_warmup: bool = False
 
     @property
     def episodes_per_run(self) -> int:
@@ -142,6 +156,7 @@ class Study:
                 "arms": [arm.model_dump(by_alias=True, exclude_none=True) for arm in self.arms],
                 "evalMaxTurns": self.eval_max_turns,
                 "evalTasks": self.eval_tasks,
+                "sharedWarmup": self.shared_warmup,
             },
         }
 
@@ -192,8 +207,18 @@ def parse_study(document: Any, source_dir: Path = Path("."), source: str = "Stud
     errors: list[str] = []
     members: list[Member] = []
     runs: dict[tuple[str, int], TrainingRun] = {}
+    warmup_steps = base_run.spec.trainer.sft_warmup_steps
+    shared_warmup = parsed.spec.shared_warmup if parsed.spec.shared_warmup is not None else warmup_steps > 0
+    if shared_warmup and warmup_steps == 0:
+        errors.append("spec.sharedWarmup: the base has no warm-up to share (its trainer.sftWarmupSteps is 0)")
     for index, arm in enumerate(parsed.spec.arms):
         where = f"spec.arms[{index}] ({arm.name})"
+        if shared_warmup:
+            for section in sorted(set(arm.overrides) - set(WARMUP_FREE_SECTIONS)):
+                errors.append(
+                    f"{where}.overrides.{section}: the arms of a seed share one SFT warm-up (spec.sharedWarmup), which"
+                    f" reads {section}; override only {', '.join(WARMUP_FREE_SECTIONS)}, or set sharedWarmup: false"
+                )
         for section, field in (*BUDGET_FIELDS, *STUDY_SET_FIELDS):
             if field in (arm.overrides.get(section) or {}):
                 why = "the study sets it per seed" if (section, field) in STUDY_SET_FIELDS else (
@@ -229,7 +254,7 @@ def parse_study(document: Any, source_dir: Path = Path("."), source: str = "Stud
     max_turns = parsed.spec.eval_max_turns or max(eval_horizon(m.run.spec) for m in members)
     return Study(
         parsed.metadata.name, base_run.to_document(), list(parsed.spec.arms), list(parsed.spec.seeds), members,
-        max_turns, parsed.spec.eval_tasks,
+        max_turns, parsed.spec.eval_tasks, shared_warmup,
     )  # fmt: skip
 
 
@@ -284,6 +309,51 @@ def member_command(study: Study, run_dir: Path, spec_path: Path, resume: bool) -
     return command
 
 
+def warmed_up_policy(warmup_dir: Path) -> Path | None:
+    """The policy a finished `agentgym sft` left in `warmup_dir` (its step-0 checkpoint, an HF folder), or None."""
+    policy = warmup_dir / "checkpoints" / "step-0"
+    try:
+        state = json.loads((policy / "trainer_state.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return policy if state.get("sft_done") is True else None
+
+
+def warm_started(run: TrainingRun, policy: Path) -> TrainingRun:
+    """`run` starting RL from a shared warm-up's policy: that folder as the model, no warm-up of its own."""
+    document = run.to_document()
+    spec = document["spec"]
+    spec["model"]["name"] = str(policy.resolve())
+    spec["trainer"]["sftWarmupSteps"] = 0
+    return parse_training_run(document)
+
+
+def _shared_warmup(
+    study: Study, study_dir: Path, member: Member, run: Callable[[list[str]], int], say: Callable[[str], None]
+) -> Path | None:
+    """The seed's warm-up policy, made by `agentgym sft` on the seed's spec if it is not there yet (None: failed).
+    The arms' overrides are all outside what the warm-up reads, so any member's spec makes the same warm-up."""
+    warmup_dir = study_dir / WARMUP_DIR / f"seed-{member.seed}"
+    policy = warmed_up_policy(warmup_dir)
+    if policy is not None:
+        return policy
+    if warmup_dir.exists():  # an `agentgym sft` stopped half way saves nothing: start it again
+        _clear(warmup_dir)
+    warmup_dir.mkdir(parents=True, exist_ok=True)
+    document = member.run.to_document()
+    document["metadata"] = {
+        "name": f"{study.name}-warmup-s{member.seed}",
+        "labels": {STUDY_LABEL: study.name, SEED_LABEL: str(member.seed)},
+    }
+    spec_path = warmup_dir.parent / f"seed-{member.seed}.yaml"
+    spec_path.write_text(yaml.safe_dump(document, sort_keys=False))
+    say(f"warm-up of seed {member.seed}: starting (shared by {len(study.arms)} arms)")
+    code = run(["sft", str(spec_path), "--output-dir", str(warmup_dir)])
+    policy = warmed_up_policy(warmup_dir)
+    say(f"warm-up of seed {member.seed}: {'done' if policy is not None else 'failed'} (exit {code})")
+    return policy
+
+
 def _clear(run_dir: Path) -> None:
     for leftover in sorted(run_dir.rglob("*"), reverse=True):
         if leftover.is_dir() and not leftover.is_symlink():
@@ -302,6 +372,7 @@ def run_study(
     study_dir.mkdir(parents=True, exist_ok=True)
     (study_dir / STUDY_FILE).write_text(yaml.safe_dump(study.document(), sort_keys=False))
     outcome: dict[str, MemberState | Literal["failed"]] = {}
+    warmups: dict[int, Path | None] = {}
     for index, member in enumerate(study.members, start=1):
         run_dir = study_dir / member.directory
         state = member_state(run_dir)
@@ -310,13 +381,23 @@ def run_study(
             say(f"{label}: done, skipped")
             outcome[member.directory] = "done"
             continue
+        member_run = member.run
+        if study.shared_warmup:
+            if member.seed not in warmups:  # once per seed and invocation: a failed warm-up is not retried per arm
+                warmups[member.seed] = _shared_warmup(study, study_dir, member, run, say)
+            policy = warmups[member.seed]
+            if policy is None:
+                say(f"{label}: failed (no warm-up for seed {member.seed})")
+                outcome[member.directory] = "failed"
+                continue
+            member_run = warm_started(member.run, policy)
         resume = state == "partial" and has_checkpoint(run_dir)
         if not resume and run_dir.exists():
             # Stopped before its first checkpoint (or while starting): nothing to continue from, start afresh.
             _clear(run_dir)
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         spec_path = run_dir.parent / f"seed-{member.seed}.yaml"
-        spec_path.write_text(yaml.safe_dump(member.run.to_document(), sort_keys=False))
+        spec_path.write_text(yaml.safe_dump(member_run.to_document(), sort_keys=False))
         say(f"{label}: {'resuming' if resume else 'starting'}")
         code = run(member_command(study, run_dir, spec_path, resume))
         outcome[member.directory] = "done" if code == 0 and member_state(run_dir) == "done" else "failed"
@@ -325,7 +406,8 @@ def run_study(
 
 
 def emit_cluster_runs(study: Study, out_dir: Path) -> list[Path]:
-    """One TrainingRun YAML per member, labelled with the study, for `kubectl apply -f out_dir`."""
+    """One TrainingRun YAML per member, labelled with the study, for `kubectl apply -f out_dir`. Each warms itself
+    up on a cluster (a warm-up shared through a volume is not set up there)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for member in study.members:
@@ -374,6 +456,8 @@ class MemberFigures:
     arm: str
     seed: int
     end_success: float
+    warmup_success: float
+    """The policy RL started from: the member's `sft` eval, or its `start` eval when it began from a shared warm-up."""
     steps: list[int]
     curves: dict[str, list[float]]
     horizons: list[float]
@@ -381,14 +465,16 @@ class MemberFigures:
     train_seconds: float
 
 
-def member_figures(member_dir: Path, arm: str, seed: int) -> MemberFigures:
+def member_figures(member_dir: Path, arm: str, seed: int, shared_warmup: bool = False) -> MemberFigures:
     rows = _rl_rows(member_dir)
     summary_path = member_dir / "eval" / "summary.json"
-    end = math.nan
+    end = warmup = math.nan
     seconds: dict[str, float] = {}
     if summary_path.exists():
         summary = json.loads(summary_path.read_text())
-        end = float(summary.get("phases", {}).get("end", {}).get("success", math.nan))
+        phases = summary.get("phases", {})
+        end = float(phases.get("end", {}).get("success", math.nan))
+        warmup = float(phases.get("start" if shared_warmup else "sft", {}).get("success", math.nan))
         seconds = summary.get("seconds", {})
     # Environment steps: every turn of every episode trained on (trajectories x mean turns, per step).
     environment_steps = sum(_value(r, "trajectories", "env") * _value(r, "turns_mean", "env") for r in rows)
@@ -396,6 +482,7 @@ def member_figures(member_dir: Path, arm: str, seed: int) -> MemberFigures:
         arm=arm,
         seed=seed,
         end_success=end,
+        warmup_success=warmup,
         steps=[int(r["step"]) for r in rows],
         curves={key: [_value(r, key, where) for r in rows] for key, where, _ in CURVES},
         horizons=[_value(r, "horizon", "top") for r in rows],
@@ -411,6 +498,7 @@ def study_report(study_dir: Path, out_dir: Path | None = None) -> dict[str, Any]
     document = yaml.safe_load((study_dir / STUDY_FILE).read_text())
     arms = [arm["name"] for arm in document["spec"]["arms"]]
     seeds = list(document["spec"]["seeds"])
+    shared_warmup = bool(document["spec"].get("sharedWarmup", False))
     figures: dict[str, list[MemberFigures]] = {arm: [] for arm in arms}
     unfinished: dict[str, list[int]] = {arm: [] for arm in arms}
     for arm in arms:
@@ -418,17 +506,19 @@ def study_report(study_dir: Path, out_dir: Path | None = None) -> dict[str, Any]
             member_dir = study_dir / arm / f"seed-{seed}"
             state = member_state(member_dir)
             if state == "done":
-                figures[arm].append(member_figures(member_dir, arm, seed))
+                figures[arm].append(member_figures(member_dir, arm, seed, shared_warmup))
             elif state == "partial":  # a run half-way would mix a shorter budget into the arm's figures
                 unfinished[arm].append(seed)
     table = []
     for arm in arms:
         members = figures[arm]
         success, success_se = mean_se([m.end_success for m in members])
+        warmup, warmup_se = mean_se([m.warmup_success for m in members])
         env_steps, env_steps_se = mean_se([m.environment_steps for m in members])
         seconds, _ = mean_se([m.train_seconds for m in members])
         table.append({
             "arm": arm, "seeds": len(members), "end_success": success, "end_success_se": success_se,
+            "warmup_success": warmup, "warmup_success_se": warmup_se,
             "environment_steps": env_steps, "environment_steps_se": env_steps_se, "train_seconds": seconds,
             "per_seed": {m.seed: m.end_success for m in members}, "unfinished": unfinished[arm],
         })  # fmt: skip
@@ -471,11 +561,15 @@ def _format(mean: float, se: float | None, digits: int = 2) -> str:
 
 def _table_text(name: str, table: list[dict[str, Any]]) -> str:
     lines = [f"study {name}: held-out success at the end (mean ± s.e. over seeds)", ""]
-    lines.append(f"{'arm':24s} {'seeds':>5s}  {'end success':>14s}  {'env steps':>16s}  {'train s':>8s}  per seed")
+    lines.append(
+        f"{'arm':24s} {'seeds':>5s}  {'after warm-up':>14s}  {'end success':>14s}  {'env steps':>16s}  {'train s':>8s}"
+        "  per seed (end)"
+    )
     for row in table:
         per_seed = ", ".join(f"{seed}: {value:.2f}" for seed, value in row["per_seed"].items())
         lines.append(
-            f"{row['arm']:24s} {row['seeds']:5d}  {_format(row['end_success'], row['end_success_se']):>14s}  "
+            f"{row['arm']:24s} {row['seeds']:5d}  {_format(row['warmup_success'], row['warmup_success_se']):>14s}  "
+            f"{_format(row['end_success'], row['end_success_se']):>14s}  "
             f"{_format(row['environment_steps'], row['environment_steps_se'], 0):>16s}  "
             f"{_format(row['train_seconds'], None, 0):>8s}  {per_seed}"
         )
