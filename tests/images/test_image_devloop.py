@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -69,8 +70,10 @@ def build_operator(tree: Path, tag: str) -> dict[str, bool]:
 def test_a_source_edit_rebuilds_the_platform_layer_only(built_images: dict[str, BuiltImage], tmp_path: Path) -> None:
     built_reference(built_images, "operator")  # the cache this reuses: the session's operator build
     tree = checkout_copy(tmp_path / "tree")
+    # Edits no earlier run made: podman's cache keeps the layers of every build, this test's included.
+    nonce = uuid.uuid4().int % 10**12
     source = tree / "operators" / "agentgym" / "operator" / "__init__.py"
-    source.write_text(source.read_text() + "\n# an edit\n")
+    source.write_text(source.read_text() + f"\n# an edit {nonce}\n")
     tag = "devloop-test"
     try:
         edited = build_operator(tree, tag)
@@ -85,13 +88,14 @@ def test_a_source_edit_rebuilds_the_platform_layer_only(built_images: dict[str, 
             "--rm",
             "--pull=never",
             "--entrypoint",
-            '["python", "-c", "import agentgym.operator, inspect; print(inspect.getsource(agentgym.operator)[-10:])"]',
+            '["python", "-c", "import agentgym.operator, inspect; print(inspect.getsource(agentgym.operator)[-40:])"]',
             f"localhost/agentgym/operator:{tag}",
         )
-        assert "# an edit" in shown.stdout
+        assert f"# an edit {nonce}" in shown.stdout
         pyproject = tree / "pyproject.toml"
-        pyproject.write_text(pyproject.read_text().replace('operator = ["kopf>=1.37"]', 'operator = ["kopf>=1.36"]'))
-        required = build_operator(tree, tag)
-        assert not required[DEPENDENCIES] and not required[PLATFORM], required
+        required = f'operator = ["kopf>=1.37,!=0.0.{nonce}"]'  # the same kopf, a requirement list of its own
+        pyproject.write_text(pyproject.read_text().replace('operator = ["kopf>=1.37"]', required))
+        steps = build_operator(tree, tag)
+        assert not steps[DEPENDENCIES] and not steps[PLATFORM], steps
     finally:
         podman("rmi", "--force", f"localhost/agentgym/operator:{tag}", check=False)
