@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentgym.envs.webarena.axtree import build_tree
+from agentgym.envs.webarena.axtree import AXNode, AXTree, ElementIds, build_tree
 
 
 def node(
@@ -66,3 +66,27 @@ def test_names_with_quotes_are_escaped_and_long_pages_truncated() -> None:
     assert '[2] button "it\'s"' in tree.text()
     short = tree.text(max_chars=200)
     assert len(short) < 300 and short.endswith("(page truncated; scroll or navigate to see more)")
+
+
+def backend_tree(*backend_ids: int) -> AXTree:
+    """Buttons named by their position, with the given backend ids."""
+    return AXTree(tuple(AXNode(b, "button", f"b{i}", (), 0) for i, b in enumerate(backend_ids)))
+
+
+def test_element_ids_number_an_episode_in_order_of_first_sight_per_tab() -> None:
+    ids = ElementIds()
+    first = ids.number(backend_tree(907, 15, 330), page_key=1)
+    assert [n.node_id for n in first.nodes] == [1, 2, 3]
+    assert first.text() == "[1] button 'b0'\n[2] button 'b1'\n[3] button 'b2'"  # only the ids change
+    # After an action: 15 is gone, 330 and 907 keep their ids, the new elements get the next numbers.
+    second = ids.number(backend_tree(330, 41, 907, 52), page_key=1)
+    assert [n.node_id for n in second.nodes] == [3, 4, 1, 5]
+    # Another tab's backend ids are other elements, even where the numbers are equal.
+    other_tab = ids.number(backend_tree(907), page_key=2)
+    assert [n.node_id for n in other_tab.nodes] == [6]
+    assert ids.backend_id(1, page_key=1) == 907 and ids.backend_id(5, page_key=1) == 52
+    assert ids.backend_id(6, page_key=1) is None  # an element of the other tab
+    assert ids.backend_id(6, page_key=2) == 907
+    assert ids.backend_id(99, page_key=1) is None
+    # The same page in a new episode prints the same ids, whatever backend ids the renderer gave it.
+    assert ElementIds().number(backend_tree(5001, 4002, 3003), page_key=7).text() == first.text()

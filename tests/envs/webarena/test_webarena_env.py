@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from webarena_site import serve_pages
 
+from agentgym.envs.base import UnknownTaskError
 from agentgym.envs.webarena.actions import parse_action
 from agentgym.envs.webarena.browser import BrowserCrashedError, shared_host
 from agentgym.envs.webarena.env import WebArenaEnv, WebArenaExpert, run_solver
@@ -42,13 +43,52 @@ def play(env: WebArenaEnv, task_id: str) -> tuple[float, list[str]]:
 
 def test_catalog_splits_and_curated_pages_exist() -> None:
     catalog = WebArenaEnv.catalog()
-    assert catalog.splits() == {"train": len(CURATED_TASKS) * 1000, "test": len(CURATED_TASKS) * 100}
+    assert catalog.splits() == {
+        "train": len(CURATED_TASKS) * 1000,
+        "test": len(CURATED_TASKS) * 100,
+        "train-solvable": len(SOLVERS) * 1000,
+        "test-solvable": len(SOLVERS) * 100,
+    }
     assert catalog.task_id("train", 0) == f"miniwob/{CURATED_TASKS[0]}/0"
     assert catalog.task_id("test", len(CURATED_TASKS) + 1) == f"miniwob/{CURATED_TASKS[1]}/1000001"
     assert catalog.describe("miniwob/click-button/5")["scripted_solver"] is True
     for name in CURATED_TASKS:
         assert (html_root() / "miniwob" / f"{name}.html").is_file(), name
     assert len(SOLVERS) >= 5 and set(SOLVERS) <= set(CURATED_TASKS)
+
+
+def test_solvable_views_hold_the_solved_tasks_interleaved_with_their_base_ids() -> None:
+    catalog = WebArenaEnv.catalog()
+    solvable = [name for name in CURATED_TASKS if name in SOLVERS]
+    n = len(solvable)
+    assert catalog.task_ids("test-solvable", n + 1) == [
+        *(f"miniwob/{name}/1000000" for name in solvable),
+        f"miniwob/{solvable[0]}/1000001",
+    ]
+    assert catalog.task_id("train-solvable", 3 * n + 2) == f"miniwob/{solvable[2]}/3"
+    last = catalog.task_id("train-solvable", 1000 * n - 1)
+    assert last == f"miniwob/{solvable[-1]}/999" and catalog.describe(last)["split"] == "train"
+    with pytest.raises(UnknownTaskError, match="test-easy"):
+        catalog.task_id("test-easy", 0)
+
+
+def test_the_same_page_prints_the_same_ids_and_a_demonstration_replays_in_another_episode() -> None:
+    """Element ids are numbered per episode: the expert plays its own episode, the SFT data builder replays the
+    actions in a fresh one (after other pages, in a reused browser), and they must mean the same elements."""
+    expert = WebArenaExpert()
+    env = WebArenaEnv()
+    try:
+        for name in sorted(SOLVERS):
+            for seed in (1, 2):
+                task_id = f"miniwob/{name}/{seed}"
+                actions = expert.demonstrate(task_id)
+                first = env.reset(task_id)
+                assert env.reset(task_id).observation == first.observation, task_id
+                for action in actions:
+                    result = env.step(action)
+                assert result.done and result.reward == 1.0, (task_id, actions, result.observation[:400])
+    finally:
+        env.close()
 
 
 @pytest.mark.parametrize("name", sorted(SOLVERS))

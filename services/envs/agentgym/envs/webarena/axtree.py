@@ -7,17 +7,23 @@ each kept node becomes one line indented by one tab per depth, e.g. (tabs shown 
         [12] textbox 'Username' required: True
         [15] button 'Sign in'
 
-The id is the node's backend DOM node id: stable while the element lives, and the handle that
-actions use (``click [15]``). As in WebArena, nameless structural nodes (``generic``, ``list``,
-``paragraph`` ...) are not printed (their children move up a level), uninformative properties
-(``focusable``, ``editable`` ...) are dropped, and a ``StaticText`` repeating the name of one of the
-lines just above it (a link's own text) is skipped, to save tokens.
+The id is the handle that actions use (``click [15]``). Chromium's backend DOM node ids are stable
+while an element lives but depend on the renderer's history (a reused context numbers on from the
+pages it showed before), so the same task page printed them differently from one reset to the next
+and a recorded action list could not be replayed. `ElementIds` therefore numbers an episode's
+elements 1, 2, 3 ... in the order they are first printed: the same page prints the same ids, the
+same actions reproduce the same episode, and an id keeps naming its element while it lives.
+
+As in WebArena, nameless structural nodes (``generic``, ``list``, ``paragraph`` ...) are not printed (their
+children move up a level), uninformative properties (``focusable``, ``editable`` ...) are dropped, and a
+``StaticText`` repeating the name of one of the lines just above it (a link's own text) is skipped, to save
+tokens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 # Properties that carry no information for an agent (or are implied by the role).
@@ -53,7 +59,8 @@ _DUPLICATE_WINDOW = 3
 
 @dataclass(frozen=True)
 class AXNode:
-    """One printed node: its id (backend DOM node id), role, name and kept properties."""
+    """One printed node: its id (backend DOM node id from `build_tree`, the episode's element id once
+    `ElementIds.number` has renumbered it), role, name and kept properties."""
 
     node_id: int
     role: str
@@ -151,3 +158,32 @@ def build_tree(raw_nodes: Iterable[Mapping[str, Any]]) -> AXTree:
     for root in children_of_root:
         visit(root, 0)
     return AXTree(tuple(printed))
+
+
+class ElementIds:
+    """One episode's element ids: 1, 2, 3 ... in the order elements are first printed, per tab.
+
+    A backend id keeps its element id for the whole episode, so an element printed again after an action
+    keeps its id, and new elements get the next numbers.
+    """
+
+    def __init__(self) -> None:
+        self._element_of: dict[tuple[int, int], int] = {}
+        self._backend_of: dict[int, tuple[int, int]] = {}
+
+    def number(self, tree: AXTree, page_key: int) -> AXTree:
+        """`tree` (backend ids, from one tab) with element ids."""
+        nodes = []
+        for node in tree.nodes:
+            key = (page_key, node.node_id)
+            element_id = self._element_of.get(key)
+            if element_id is None:
+                element_id = self._element_of[key] = len(self._element_of) + 1
+                self._backend_of[element_id] = key
+            nodes.append(replace(node, node_id=element_id))
+        return AXTree(tuple(nodes))
+
+    def backend_id(self, element_id: int, page_key: int) -> int | None:
+        """The backend DOM node id of `element_id` when it is an element of that tab, else None."""
+        key = self._backend_of.get(element_id)
+        return key[1] if key is not None and key[0] == page_key else None

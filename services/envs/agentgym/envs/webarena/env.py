@@ -53,6 +53,7 @@ from agentgym.envs.webarena.miniwob import (
     CURATED_TASKS,
     SEEDS_PER_TASK,
     SOLVERS,
+    SPLIT_VIEWS,
     START_JS,
     STATE_JS,
     MiniWoBTask,
@@ -72,13 +73,16 @@ _CRASH_GRACE_S = 1.0
 
 
 class WebArenaCatalog(TaskCatalog):
-    """MiniWoB++ tasks (``train``/``test``), plus WebArena tasks (``webarena``) when configured."""
+    """MiniWoB++ tasks (``train``/``test``, and views such as ``test-solvable``), plus WebArena tasks (``webarena``)
+    when configured."""
 
     def __init__(self, webarena_ids: tuple[int, ...] = ()) -> None:
         self.webarena_ids = webarena_ids
 
     def splits(self) -> dict[str, int]:
         splits = {split: len(CURATED_TASKS) * count for split, count in SEEDS_PER_TASK.items()}
+        for view, names in SPLIT_VIEWS.items():
+            splits |= {f"{split}-{view}": len(names) * count for split, count in SEEDS_PER_TASK.items()}
         if self.webarena_ids:
             splits["webarena"] = len(self.webarena_ids)
         return splits

@@ -13,7 +13,9 @@ dragging, drawing, canvas/SVG shapes, pixel coordinates, native pop-ups or readi
 (the objective and the tree lines) and answer one action at a time, through the public API.
 
 Task ids are ``miniwob/<task>/<seed>``; split ``train`` uses seeds 0.., ``test`` seeds from
-1,000,000, interleaving the curated tasks (index i is task i mod n).
+1,000,000, interleaving the curated tasks (index i is task i mod n). The views ``train-solvable`` and
+``test-solvable`` (`SPLIT_VIEWS`) hold only the tasks with a scripted solver, interleaved the same way, for
+recipes that warm-start from the solvers' demonstrations; their tasks keep their ids and base split.
 """
 
 from __future__ import annotations
@@ -114,9 +116,11 @@ def parse_task_id(task_id: str) -> MiniWoBTask:
 
 
 def task_for(split: str, index: int) -> MiniWoBTask:
-    count = len(CURATED_TASKS)
-    name = CURATED_TASKS[index % count]
-    return MiniWoBTask(name, SEED_OFFSET[split] + index // count)
+    """The `index`-th task of `split` (``train``, ``test``, or a view such as ``train-solvable``): the split's
+    tasks interleaved, task i mod n with the split's seed offset + i div n."""
+    base, _, view = split.partition("-")
+    names = split_tasks(view)
+    return MiniWoBTask(names[index % len(names)], SEED_OFFSET[base] + index // len(names))
 
 
 def split_of(task: MiniWoBTask) -> str:
@@ -312,3 +316,16 @@ SOLVERS: dict[str, Solver] = {
     "login-user": solve_login_user,
     "focus-text": solve_focus_text,
 }
+
+
+# Views of the base splits: the same seeds, only these tasks (in `CURATED_TASKS` order).
+SPLIT_VIEWS: dict[str, tuple[str, ...]] = {"solvable": tuple(name for name in CURATED_TASKS if name in SOLVERS)}
+
+
+def split_tasks(view: str) -> tuple[str, ...]:
+    """The task names of a split view (`SPLIT_VIEWS`; "" for the base splits: all curated tasks)."""
+    if not view:
+        return CURATED_TASKS
+    if view not in SPLIT_VIEWS:
+        raise UnknownTaskError(f"unknown MiniWoB split view {view!r}; views are {', '.join(sorted(SPLIT_VIEWS))}")
+    return SPLIT_VIEWS[view]

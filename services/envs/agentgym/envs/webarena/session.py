@@ -7,7 +7,7 @@ Everything here runs on the `BrowserHost` loop. A `BrowserSession`:
   ``data:``/``blob:``/``about:`` URLs; everything else is aborted and remembered, so the next
   observation says which navigation was blocked. ``file://`` is never allowed;
 * keeps at most `max_pages` tabs: a page opened beyond that (``target=_blank`` floods) is closed;
-* executes parsed `BrowserAction`s on the backend DOM node ids that the last observation printed
+* executes parsed `BrowserAction`s on the element ids that the last observation printed (`ElementIds`)
   (real mouse and keyboard input through Playwright, positions from CDP), and waits for the page
   to settle: the load event of a navigation, no requests in flight, and a short window with no DOM
   mutations, all event driven, each bounded;
@@ -28,7 +28,7 @@ from playwright.async_api import BrowserContext, CDPSession, Page, Route
 from playwright.async_api import Error as PlaywrightError
 
 from agentgym.envs.webarena.actions import BrowserAction
-from agentgym.envs.webarena.axtree import AXTree, build_tree
+from agentgym.envs.webarena.axtree import AXTree, ElementIds, build_tree
 from agentgym.envs.webarena.browser import BrowserCrashedError, BrowserHost
 from agentgym.envs.webarena.configs import origin_of
 
@@ -99,7 +99,8 @@ class BrowserSession:
         self._cdp: dict[int, CDPSession] = {}
         self._inflight: dict[int, int] = {}
         self._idle: dict[int, asyncio.Event] = {}  # set while a page has no request in flight
-        self._last_ids: frozenset[int] = frozenset()
+        self._last_ids: frozenset[int] = frozenset()  # element ids of the last observation
+        self._element_ids = ElementIds()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -270,7 +271,7 @@ class BrowserSession:
                 break
             await self.settle(page)
             raw = await session.send("Accessibility.getFullAXTree")
-        tree = build_tree(raw.get("nodes", []))
+        tree = self._element_ids.number(build_tree(raw.get("nodes", [])), id(page))
         self._last_ids = tree.ids
         tabs = []
         for index, tab in enumerate(self.pages()):
@@ -286,13 +287,14 @@ class BrowserSession:
     # -- actions -------------------------------------------------------------------------------------
 
     async def _center(self, page: Page, node_id: int) -> tuple[float, float]:
-        if node_id not in self._last_ids:
+        backend_id = self._element_ids.backend_id(node_id, id(page))
+        if node_id not in self._last_ids or backend_id is None:
             raise ActionError(f"there is no element [{node_id}] on the page; use an id from the current page")
         session = await self.cdp(page)
         try:
             with contextlib.suppress(PlaywrightError):
-                await session.send("DOM.scrollIntoViewIfNeeded", {"backendNodeId": node_id})
-            quads = (await session.send("DOM.getContentQuads", {"backendNodeId": node_id})).get("quads", [])
+                await session.send("DOM.scrollIntoViewIfNeeded", {"backendNodeId": backend_id})
+            quads = (await session.send("DOM.getContentQuads", {"backendNodeId": backend_id})).get("quads", [])
         except PlaywrightError as error:
             raise ActionError(f"element [{node_id}] is no longer on the page") from error
         if not quads:
