@@ -13,7 +13,7 @@ rendered with the SAME prompt template and token splicing as the rollout worker:
 (the rollout parser reads the action back from it), ``"<thought>\\n<search>...</search>"`` for
 Deep Search and ``"<thought>\\n```<action>```"`` for WebArena. The thought is a short generic
 sentence (the experts give actions only), or none at all (``thought=None``: the action line alone,
-``"Action: <action>"``). Demonstrations whose replay does not succeed are skipped.
+``"Action: <action>"``). Demonstrations whose replay does not succeed, or that do not fit the context, are skipped.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +58,7 @@ class SFTBuildReport:
     built: int = 0
     skipped_unsuccessful: int = 0
     skipped_errors: int = 0
-    truncated: int = 0
+    truncated: int = 0  # successful, but longer than the model's context: skipped
 
 
 def sample_task_ids(environment: str, split: str, count: int, seed: int = 0) -> list[str]:
@@ -72,6 +73,16 @@ def sample_task_ids(environment: str, split: str, count: int, seed: int = 0) -> 
     return [catalog.task_id(split, i) for i in sorted(indices)]
 
 
+@dataclass
+class _Replay:
+    """One expert demonstration replayed in an environment: what the rollout worker would have seen."""
+
+    first_observation: str
+    actions: list[str]
+    observations: list[str]  # after each action
+    success: bool
+
+
 def expert_sft_examples(
     environment: str,
     task_ids: Sequence[str],
@@ -83,10 +94,13 @@ def expert_sft_examples(
     make_env: Callable[[str], Any] | None = None,
     make_expert: Callable[[str], Any] | None = None,
     report: SFTBuildReport | None = None,
+    workers: int = 1,
 ) -> list[SFTExample]:
     """SFT examples for ``task_ids`` of ``environment`` from its expert, replayed in-process.
 
-    ``thought(environment, action, turn)`` writes each reply's thought; None leaves it out.
+    ``thought(environment, action, turn)`` writes each reply's thought; None leaves it out. ``workers`` threads
+    play the demonstrations (an environment whose episodes wait on a browser or a JVM builds several times
+    faster with a few); the examples keep the order of ``task_ids`` and are tokenized on the calling thread.
     """
     from agentgym import envs
 
@@ -94,45 +108,75 @@ def expert_sft_examples(
     make_env = make_env or envs.make
     expert = (make_expert or envs.make_expert)(environment)
     report = report if report is not None else SFTBuildReport()
-    tokenizer = chat.tokenizer
-    examples = []
-    for task_id in task_ids:
+
+    def replay(task_id: str) -> _Replay | Exception:
         env = make_env(environment)
         try:
             actions = list(expert.demonstrate(task_id))
             first = env.reset(task_id)
-            prompt = chat.prompt_ids(template.first_messages(first.observation))
-            response: list[int] = []
-            mask: list[int] = []
-            success = False
-            for turn, action in enumerate(actions):
-                text = None if thought is None else thought(environment, action, turn)
-                reply = render_reply(template.action_format, text, action)
-                reply_ids = [*tokenizer.encode(reply, add_special_tokens=False), chat.eos_token_id]
-                if len(prompt) + len(response) + len(reply_ids) > max_tokens:
-                    report.truncated += 1
-                    break
-                response += reply_ids
-                mask += [1] * len(reply_ids)
+            observations, success = [], False
+            for action in actions:
                 result = env.step(action)
+                observations.append(result.observation)
                 if result.done or result.truncated:
                     success = bool(result.info.get("success", False))
                     break
-                observation_ids, _ = chat.observation_ids(result.observation, True)
-                if len(prompt) + len(response) + len(observation_ids) > max_tokens:
-                    report.truncated += 1
-                    break
-                response += observation_ids
-                mask += [0] * len(observation_ids)
+            return _Replay(first.observation, actions[: len(observations)], observations, success)
         except Exception as error:
-            report.skipped_errors += 1
-            log.warning("expert demonstration of %s/%s failed: %s", environment, task_id, error)
-            continue
+            return error
         finally:
             env.close()
-        if not success:
+
+    if workers > 1 and len(task_ids) > 1:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"sft-{environment}") as pool:
+            replays = list(pool.map(replay, task_ids))
+    else:
+        replays = [replay(task_id) for task_id in task_ids]
+    examples = []
+    for task_id, played in zip(task_ids, replays, strict=True):
+        if isinstance(played, Exception):
+            report.skipped_errors += 1
+            log.warning("expert demonstration of %s/%s failed: %s", environment, task_id, played)
+            continue
+        if not played.success:
             report.skipped_unsuccessful += 1
             continue
-        examples.append(SFTExample(prompt, response, mask, environment, task_id))
+        example = _render(environment, task_id, played, chat, template, thought, max_tokens)
+        if example is None:
+            report.truncated += 1
+            continue
+        examples.append(example)
         report.built += 1
     return examples
+
+
+def _render(
+    environment: str,
+    task_id: str,
+    played: _Replay,
+    chat: ChatTokenizer,
+    template: PromptTemplate,
+    thought: Callable[[str, str, int], str] | None,
+    max_tokens: int,
+) -> SFTExample | None:
+    """A replayed demonstration in the rollout's token layout; None when it does not fit in ``max_tokens``."""
+    tokenizer = chat.tokenizer
+    prompt = chat.prompt_ids(template.first_messages(played.first_observation))
+    response: list[int] = []
+    mask: list[int] = []
+    for turn, (action, observation) in enumerate(zip(played.actions, played.observations, strict=True)):
+        text = None if thought is None else thought(environment, action, turn)
+        reply = render_reply(template.action_format, text, action)
+        reply_ids = [*tokenizer.encode(reply, add_special_tokens=False), chat.eos_token_id]
+        if len(prompt) + len(response) + len(reply_ids) > max_tokens:
+            return None
+        response += reply_ids
+        mask += [1] * len(reply_ids)
+        if turn == len(played.actions) - 1:
+            break  # no observation after the last turn
+        observation_ids, _ = chat.observation_ids(observation, True)
+        if len(prompt) + len(response) + len(observation_ids) > max_tokens:
+            return None
+        response += observation_ids
+        mask += [0] * len(observation_ids)
+    return SFTExample(prompt, response, mask, environment, task_id)

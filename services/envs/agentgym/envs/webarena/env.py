@@ -118,6 +118,7 @@ class WebArenaEnv(Environment):
     """One browser episode. Cheap to construct: the browser context opens at the first reset."""
 
     name: ClassVar[str] = "webarena"
+    parallel_episodes: ClassVar[int] = 8  # an episode waits on Chromium; the shared browser runs them side by side
 
     def __init__(
         self,
@@ -342,8 +343,8 @@ def register_webarena_tasks(path: str) -> int:
 class WebArenaExpert:
     """Scripted MiniWoB++ solvers (`miniwob.SOLVERS`), run on an in-process episode.
 
-    `demonstrate` plays the task and returns the actions taken; element ids are those of that run
-    (ids are stable for the same task and seed in a fresh context, but agents should read them).
+    `demonstrate` plays the task and returns the actions taken. Element ids are numbered per episode, so
+    another episode of the same task and seed gives the same ids to the same elements (`axtree.ElementIds`).
     """
 
     def __init__(self, **settings: Any) -> None:
