@@ -13,6 +13,7 @@ its mean and standard error over seeds, the wall time, the machine's load, and t
 A recipe with several environments (`--spec`) reports each environment's success too.
 
 Usage: python benchmarks/learning_bench.py --env textcraft [--seeds 1,2,3,4] [--spec FILE] [--keep DIR]
+                                          [--eval-tasks N]
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPES: dict[str, Path] = {
     "babyai": ROOT / "examples" / "quickstart.yaml",
     "textcraft": ROOT / "examples" / "textcraft-cpu.yaml",
+    "webarena": ROOT / "examples" / "webarena-cpu.yaml",
 }
+# Held-out tasks each eval plays (`agentgym run --eval-tasks`): fewer where an episode is expensive (a browser).
+EVAL_TASKS: dict[str, int] = {"webarena": 48}
 
 
 @dataclass(frozen=True)
@@ -74,12 +78,12 @@ def seeded_spec(recipe: Path, seed: int, out: Path) -> Path:
     return path
 
 
-def run_seed(recipe: Path, seed: int, work: Path) -> SeedResult:
+def run_seed(recipe: Path, seed: int, work: Path, eval_tasks: int) -> SeedResult:
     spec = seeded_spec(recipe, seed, work)
     run_dir = work / f"seed-{seed}"
     started = time.perf_counter()
     result = subprocess.run(
-        [*AGENTGYM, "run", str(spec), "--run-dir", str(run_dir), "--no-live"],
+        [*AGENTGYM, "run", str(spec), "--run-dir", str(run_dir), "--no-live", "--eval-tasks", str(eval_tasks)],
         cwd=ROOT,
         text=True,
         capture_output=True,
@@ -144,6 +148,9 @@ def main() -> None:
     parser.add_argument("--seeds", default="1,2,3,4", help="Comma-separated trainer seeds, run one after another")
     parser.add_argument("--spec", type=Path, default=None, help="Recipe to run (default: the environment's)")
     parser.add_argument("--keep", type=Path, default=None, help="Keep the run directories under this folder")
+    parser.add_argument(
+        "--eval-tasks", type=int, default=None, help="Held-out tasks per eval (default: 100; webarena 48)"
+    )
     args = parser.parse_args()
 
     recipe = args.spec or RECIPES.get(args.env)
@@ -157,16 +164,19 @@ def main() -> None:
         parser.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
     if not seeds or len(set(seeds)) != len(seeds):
         parser.error(f"--seeds must name distinct seeds, got {args.seeds!r}")
+    eval_tasks = args.eval_tasks if args.eval_tasks is not None else EVAL_TASKS.get(args.env, 100)
+    if eval_tasks < 1:
+        parser.error(f"--eval-tasks must be at least 1, got {eval_tasks}")
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="agentgym-learning-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     shown = recipe.relative_to(ROOT) if recipe.is_relative_to(ROOT) else recipe
     print(f"# learning benchmark: {args.env}, recipe {shown}")
-    print(f"machine: {load_note()}; seeds {seeds}, one after another", flush=True)
+    print(f"machine: {load_note()}; seeds {seeds}, one after another; {eval_tasks} held-out tasks", flush=True)
     results: list[SeedResult] = []
     try:
         for seed in seeds:
-            result = run_seed(recipe, seed, work)
+            result = run_seed(recipe, seed, work, eval_tasks)
             results.append(result)
             print(seed_line(result), *environment_lines(result), sep="\n", flush=True)
     finally:

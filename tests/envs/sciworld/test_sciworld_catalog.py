@@ -6,7 +6,7 @@ import pytest
 
 from agentgym.envs import UnknownTaskError, environment_class
 from agentgym.envs.sciworld.jvm import JVMSettings, ScienceWorldJVM, usable_archive
-from agentgym.envs.sciworld.tasks import AGENTGYM_EXCLUDED, load_catalog, read_variation_table
+from agentgym.envs.sciworld.tasks import AGENTGYM_EXCLUDED, SHORT_TASKS, load_catalog, read_variation_table
 
 catalog = load_catalog()
 
@@ -29,6 +29,9 @@ def test_split_sizes_follow_scienceworld_ranges() -> None:
         "train_full": 3592,
         "dev_full": 1796,
         "test_full": 1819,
+        "train-short": 336,
+        "dev-short": 168,
+        "test-short": 171,
     }
     assert sizes["train"] + sizes["dev"] + sizes["test"] == sizes["all"]
     boil = catalog.kind("boil")
@@ -61,6 +64,16 @@ def test_task_ids_are_readable_stable_and_described() -> None:
         for index in (0, size // 3, size - 1):
             task_id = catalog.task_id(split, index)
             assert catalog.describe(task_id)["split"] == split
+
+
+def test_short_views_hold_the_short_tasks_of_each_split_with_their_ids() -> None:
+    for split in ("train", "dev", "test"):
+        view = catalog.task_ids(f"{split}-short")
+        assert {task_id.split("/")[0] for task_id in view} == SHORT_TASKS
+        assert set(view) == {t for t in catalog.task_ids(split) if t.split("/")[0] in SHORT_TASKS}
+        assert {catalog.describe(t)["split"] for t in view} == {split}
+    # 150 + 3 x 62 training variations: find-non-living-thing (4-2) first, then the life spans (7-1, 7-2, 7-3).
+    assert catalog.task_id("train-short", 150) == "lifespan-longest-lived/v0"
 
 
 def test_excluded_tasks_are_playable_but_only_in_full_splits() -> None:

@@ -10,7 +10,10 @@ Splits (deterministic, from the simulator's own train/dev/test variation split o
 * ``all``: every variation of those 23 tasks in AgentGym's ``data_idx`` order (tasks in
   ScienceWorld's task order, each task's variations 0..n-1), so ``all[data_idx]`` is the task that
   AgentGym's ``/reset {data_idx}`` loads;
-* ``train_full``, ``dev_full``, ``test_full``: the same splits over all 30 tasks.
+* ``train_full``, ``dev_full``, ``test_full``: the same splits over all 30 tasks;
+* ``train-short``, ``dev-short``, ``test-short``: views of the splits holding only `SHORT_TASKS`, the four
+  tasks the expert solves in 5-7 actions (finding a non-living thing; the animals' life spans), for recipes
+  on small machines. A task keeps its id and its split.
 
 Tasks of the excluded kinds have ids too (``grow-plant/v3``), are described and can be played;
 they are only left out of the default splits.
@@ -38,6 +41,15 @@ if TYPE_CHECKING:
 
 AGENTGYM_EXCLUDED: frozenset[str] = frozenset({"5-1", "5-2", "9-1", "9-2", "9-3", "10-1", "10-2"})
 SPLITS: tuple[str, ...] = ("train", "dev", "test")
+# The tasks the expert solves in 5-7 actions (the others take 10-41): the ``-short`` views, for CPU recipes.
+SHORT_TASKS: frozenset[str] = frozenset(
+    {
+        "find-non-living-thing",
+        "lifespan-longest-lived",
+        "lifespan-shortest-lived",
+        "lifespan-longest-lived-then-shortest-lived",
+    }
+)
 DATA_FILE = "variations.json"
 _TASK_ID = re.compile(r"^(?P<name>[a-z0-9-]+)/v(?P<variation>0|[1-9][0-9]*)$")
 
@@ -89,8 +101,10 @@ class SciWorldCatalog(TaskCatalog):
         for split in SPLITS:
             blocks[split] = [(k, k.ranges[split]) for k in self.kinds if not k.excluded and k.ranges[split]]
             blocks[f"{split}_full"] = [(k, k.ranges[split]) for k in self.kinds if k.ranges[split]]
+            blocks[f"{split}-short"] = [(k, k.ranges[split]) for k in self.kinds if k.name in SHORT_TASKS]
         blocks["all"] = [(k, range(k.variations)) for k in self.kinds if not k.excluded]
         order = ["train", "dev", "test", "all", "train_full", "dev_full", "test_full"]
+        order += [f"{split}-short" for split in SPLITS]
         self._blocks: Mapping[str, tuple[tuple[TaskKind, range], ...]] = MappingProxyType(
             {name: tuple(blocks[name]) for name in order}
         )
