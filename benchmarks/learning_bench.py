@@ -41,9 +41,11 @@ RECIPES: dict[str, Path] = {
     "babyai": ROOT / "examples" / "quickstart.yaml",
     "textcraft": ROOT / "examples" / "textcraft-cpu.yaml",
     "webarena": ROOT / "examples" / "webarena-cpu.yaml",
+    "sciworld": ROOT / "examples" / "sciworld-cpu.yaml",
+    "deepsearch": ROOT / "examples" / "deepsearch-cpu.yaml",
 }
 # Held-out tasks each eval plays (`agentgym run --eval-tasks`): fewer where an episode is expensive (a browser).
-EVAL_TASKS: dict[str, int] = {"webarena": 48}
+EVAL_TASKS: dict[str, int] = {"webarena": 48, "sciworld": 48, "deepsearch": 28}
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,10 @@ def main() -> None:
     parser.add_argument("--spec", type=Path, default=None, help="Recipe to run (default: the environment's)")
     parser.add_argument("--keep", type=Path, default=None, help="Keep the run directories under this folder")
     parser.add_argument(
-        "--eval-tasks", type=int, default=None, help="Held-out tasks per eval (default: 100; webarena 48)"
+        "--eval-tasks",
+        type=int,
+        default=None,
+        help="Held-out tasks per eval (default: 100; webarena, sciworld 48; deepsearch 28)",
     )
     args = parser.parse_args()
 

@@ -38,7 +38,12 @@ def shrunk(recipe: Path) -> dict[str, Any]:
 
 
 def test_there_are_cpu_recipes_and_each_is_a_valid_training_run() -> None:
-    assert [p.name for p in RECIPES] == ["textcraft-cpu.yaml"]
+    assert [p.name for p in RECIPES] == [
+        "deepsearch-cpu.yaml",
+        "sciworld-cpu.yaml",
+        "textcraft-cpu.yaml",
+        "webarena-cpu.yaml",
+    ]
     for recipe in RECIPES:
         run = parse_training_run(yaml.safe_load(recipe.read_text()))
         assert run.spec.model.name.startswith("builtin:"), "a CPU recipe uses a model that ships with the platform"
