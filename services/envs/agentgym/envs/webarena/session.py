@@ -380,7 +380,7 @@ def _take_spare(host: BrowserHost, limits: SessionLimits) -> BrowserSession | No
     spares = _spares.get((id(host), limits), [])
     while spares:
         session = spares.pop()
-        if host.alive(session.generation) and not session.pages()[0].is_closed():
+        if host.alive(session.generation) and session.pages():  # its blank tab may have closed meanwhile
             return session
         _in_background(session.close())
     return None
