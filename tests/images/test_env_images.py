@@ -59,8 +59,8 @@ def play_expert(kind: str, task_id: str, opened: Opened, client: EnvClient) -> l
         return steps[-1].observation, steps[-1].reward, steps[-1].done or steps[-1].truncated
 
     if kind == "webarena":
-        # Element ids are the browser's DOM node ids, which differ between two browsers on the
-        # same page: the scripted solver reads the image's own pages rather than replaying ours.
+        # The scripted solver reads the image's own pages (its Chromium), rather than replaying a
+        # demonstration made by the host's.
         run_solver(SOLVERS[parse_task_id(task_id).name], str(opened.info["objective"]), step, opened.observation)
         return steps
     for action in make_expert(kind).demonstrate(task_id):
