@@ -17,6 +17,7 @@ from agentgym.inference.models import (
     ModelError,
     build_tiny_model,
     load_tokenizer,
+    load_tokenizer_by_name,
     resolve_model,
     smollm2_tokenizer_dir,
     tiny_model_dir,
@@ -133,3 +134,15 @@ def test_smollm2_conversion_answers_like_the_real_model() -> None:
     assert "Paris" in answer
     for text in SAMPLES:
         assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+
+
+def test_smollm2_tokenizer_by_name_needs_no_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rollout worker only tokenizes (its image has no torch): by name, SmolLM2's tokenizer comes from the GGUF
+    alone, the same one its converted model folder carries, and no weights are converted."""
+    monkeypatch.setenv("AGENTGYM_CACHE_DIR", str(tmp_path))
+    tokenizer = load_tokenizer_by_name("builtin:smollm2-135m")
+    assert not (tmp_path / "models").exists()
+    monkeypatch.delenv("AGENTGYM_CACHE_DIR")
+    reference = load_tokenizer(resolve_model("builtin:smollm2-135m"))
+    text = "Thought: look it up\n<search> Great Wall of China </search>"
+    assert tokenizer.encode(text) == reference.encode(text) and tokenizer.chat_template == reference.chat_template

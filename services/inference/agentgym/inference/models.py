@@ -119,7 +119,11 @@ def load_tokenizer(folder: str | Path) -> Any:
 def load_tokenizer_by_name(name: str) -> Any:
     """The tokenizer a spec names (`model.tokenizer`, else `model.name`): a builtin or a local folder as
     `load_tokenizer` does, anything else an HF hub id (downloaded where the network allows, e.g. a pod with
-    `HF_HOME` on a writable volume; these machines have no hub, so there it fails naming the id)."""
+    `HF_HOME` on a writable volume; these machines have no hub, so there it fails naming the id).
+    SmolLM2's is extracted from its GGUF alone (the same files its model folder copies): a process that only
+    tokenizes (a rollout worker, whose image has no torch) never converts the weights."""
+    if name == BUILTIN_SMOLLM2:
+        return load_tokenizer(smollm2_tokenizer_dir())
     if name.startswith("builtin:") or Path(name.removeprefix("file://")).expanduser().is_dir():
         return load_tokenizer(resolve_model(name))
     from transformers import AutoTokenizer
