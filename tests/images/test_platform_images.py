@@ -143,6 +143,45 @@ print("RESULT", json.dumps({"step": trainer.step, "version": trainer.policy_vers
 """
 
 
+SMOLLM2_LOAD = """
+from agentgym.inference.models import load_tokenizer, resolve_model
+folder = resolve_model("builtin:smollm2-135m")
+print("RESULT", folder, len(load_tokenizer(folder)))
+"""
+# A rollout worker only tokenizes (`agentgym.rollout.serve`): its image has no torch.
+SMOLLM2_TOKENIZER = """
+from agentgym.inference.models import load_tokenizer_by_name
+print("RESULT", len(load_tokenizer_by_name("builtin:smollm2-135m")))
+"""
+
+
+@pytest.mark.parametrize("component", ["inference", "rollout", "trainer"])
+def test_a_smollm2_runs_pods_convert_the_model_into_their_writable_tmp(
+    built_images: dict[str, BuiltImage], tmp_path: Path, component: str
+) -> None:
+    """examples/deepsearch-cpu.yaml's model is converted from its wheel on first use: in each pod that loads it,
+    under the pod's read-only root, user and env, as the operator creates it."""
+    run = parse_training_run(yaml.safe_load((ROOT / "examples" / "deepsearch-cpu.yaml").read_text()))
+    image = built_reference(
+        built_images, {"inference": "inference-cpu", "trainer": "trainer-cpu"}.get(component, component)
+    )
+    pod, spec = run_pod(run, component, "nats://nats:4222")
+    options, _ = pod_run_args(
+        pod,
+        spec,
+        env={"AGENTGYM_NATS_URL": "nats://nats:4222"},
+        host_volumes={"spec": spec_folder(run, tmp_path), "checkpoints": writable_folder(tmp_path / "ckpt")},
+    )
+    assert "--read-only" in options
+    script = SMOLLM2_TOKENIZER if component == "rollout" else SMOLLM2_LOAD
+    code, output = run_once(image, ["python", "-c", script], options, timeout=300)
+    assert code == 0, output[-3000:]
+    expected = (
+        "RESULT 49152" if component == "rollout" else "RESULT /tmp/agentgym-cache/models/smollm2-135m-instruct 49152"
+    )
+    assert expected in output
+
+
 def test_trainer_cpu_runs_a_tiny_step(built_images: dict[str, BuiltImage], tmp_path: Path) -> None:
     image = built_reference(built_images, "trainer-cpu")
     run = quickstart()

@@ -191,6 +191,12 @@ def checkpoint_mount(uri: str) -> str | None:
     return path if parent in ("/", "") else parent
 
 
+# The parts that load the policy's weights, and the writable cache a converted builtin model goes to. (Rollout
+# workers only tokenize: SmolLM2's tokenizer is baked into their image's cache.)
+MODEL_COMPONENTS = frozenset({"inference", "trainer"})
+POD_MODEL_CACHE_DIR = "/tmp/agentgym-cache"
+
+
 def _env(inputs: RunInputs, component: str) -> list[JSONDict]:
     telemetry = inputs.run.spec.telemetry
     endpoint = telemetry.otlp_endpoint or inputs.config.otlp_endpoint
@@ -206,6 +212,11 @@ def _env(inputs: RunInputs, component: str) -> list[JSONDict]:
         {"name": "OTEL_TRACES_SAMPLER", "value": "parentbased_traceidratio"},
         {"name": "OTEL_TRACES_SAMPLER_ARG", "value": str(telemetry.sample_ratio)},
     ]
+    model = inputs.run.spec.model.name
+    if component in MODEL_COMPONENTS and model.startswith("builtin:") and model != "builtin:tiny":
+        # The images hold builtin:tiny only (in a read-only cache); builtin:smollm2-135m is converted from its wheel
+        # on first use, into the writable emptyDir (~540 MB), so the root filesystem stays read-only.
+        env.append({"name": "AGENTGYM_CACHE_DIR", "value": POD_MODEL_CACHE_DIR})
     if endpoint:
         env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": endpoint})
     else:
@@ -477,7 +488,6 @@ def inference_children(inputs: RunInputs) -> list[JSONDict]:
     extra_env = [{"name": k, "value": v} for k, v in sorted(server.env.items())] + [
         {"name": "HF_HOME", "value": "/tmp/hf"}
     ]
-    model = placement(inputs).inference_model or spec.model.name
     volumes, mounts = _volumes(inputs, checkpoints=True, shm=shm)
     container = _container(
         "inference",
@@ -490,9 +500,6 @@ def inference_children(inputs: RunInputs) -> list[JSONDict]:
         ports=[{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
         workdir=WORKDIR,
     )
-    if inference.engine == "hf" and model.startswith("builtin:") and model != "builtin:tiny":
-        # The HF image converts builtin:smollm2-135m into its model cache (in the image) on first use.
-        container["securityContext"]["readOnlyRootFilesystem"] = False
     container["startupProbe"] = _http_probe(health, period=10, failures=180)
     container["readinessProbe"] = _http_probe(health, period=5, failures=3)
     container["livenessProbe"] = _http_probe(health, period=30, failures=5)
