@@ -44,7 +44,6 @@ __all__ = ["build_warmup_examples", "run_training"]
 
 def build_warmup_examples(config: RLTrainerConfig, tokenizer: Any) -> list[SFTExample]:
     """Expert demonstrations of ``sft_tasks`` tasks of each environment's training split."""
-    from agentgym.envs import environment_class
     from agentgym.envs import make as make_environment
     from agentgym.rollout.tokens import ChatTokenizer
     from agentgym.trainer.sft import SFTBuildReport, default_thought, expert_sft_examples, sample_task_ids
@@ -65,7 +64,6 @@ def build_warmup_examples(config: RLTrainerConfig, tokenizer: Any) -> list[SFTEx
             max_tokens=config.max_context_tokens,
             make_env=functools.partial(make_environment, **settings),
             report=report,
-            workers=environment_class(env.name).parallel_episodes,
         )
         log.info("SFT warm-up data for %s: %s", env.name, report)
     if not examples:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,14 +93,10 @@ def expert_sft_examples(
     make_env: Callable[[str], Any] | None = None,
     make_expert: Callable[[str], Any] | None = None,
     report: SFTBuildReport | None = None,
-    workers: int = 1,
 ) -> list[SFTExample]:
     """SFT examples for ``task_ids`` of ``environment`` from its expert, replayed in-process.
 
-    ``thought(environment, action, turn)`` writes each reply's thought; None leaves it out. ``workers`` threads
-    play the demonstrations, overlapping an environment's waits on another process (a browser); on 2 busy cores
-    they gained nothing measurable (32 WebArena demonstrations: 56 s with 8, 59 s with 1, load ~20). The examples
-    keep the order of ``task_ids`` and are tokenized on the calling thread.
+    ``thought(environment, action, turn)`` writes each reply's thought; None leaves it out.
     """
     from agentgym import envs
 
@@ -128,13 +123,9 @@ def expert_sft_examples(
         finally:
             env.close()
 
-    if workers > 1 and len(task_ids) > 1:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"sft-{environment}") as pool:
-            replays = list(pool.map(replay, task_ids))
-    else:
-        replays = [replay(task_id) for task_id in task_ids]
     examples = []
-    for task_id, played in zip(task_ids, replays, strict=True):
+    for task_id in task_ids:
+        played = replay(task_id)
         if isinstance(played, Exception):
             report.skipped_errors += 1
             log.warning("expert demonstration of %s/%s failed: %s", environment, task_id, played)

@@ -99,9 +99,6 @@ class Environment(abc.ABC):
     """One live episode of an environment kind. Not thread-safe: one caller at a time."""
 
     name: ClassVar[str]
-    parallel_episodes: ClassVar[int] = 1
-    """How many episodes one process plays well at once from threads (one instance each), e.g. to build SFT
-    demonstrations: more than 1 where an episode mostly waits on another process (a browser)."""
 
     @classmethod
     @abc.abstractmethod

@@ -118,7 +118,6 @@ class WebArenaEnv(Environment):
     """One browser episode. Cheap to construct: the browser context opens at the first reset."""
 
     name: ClassVar[str] = "webarena"
-    parallel_episodes: ClassVar[int] = 8  # an episode waits on Chromium; the shared browser runs them side by side
 
     def __init__(
         self,
