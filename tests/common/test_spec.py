@@ -50,6 +50,23 @@ def test_minimal_spec_gets_sensible_defaults() -> None:
     assert parse_training_run(document) == run  # round trip
 
 
+def test_each_environment_has_its_own_horizons() -> None:
+    """An environment's own horizons, else the curriculum's, else (neither given) the paper's for that environment."""
+    spec = parse_training_run(
+        with_spec(
+            environments=[{"name": "babyai"}, {"name": "textcraft", "horizons": [4, 6, 8]}, {"name": "sciworld"}],
+            curriculum={"horizons": [2, 3, 5]},
+        )
+    ).spec
+    assert [spec.horizon_stages(name) for name in ("babyai", "textcraft", "sciworld")] == [
+        [2, 3, 5],
+        [4, 6, 8],
+        [2, 3, 5],
+    ]
+    paper = parse_training_run(with_spec(environments=[{"name": "babyai"}, {"name": "textcraft"}])).spec
+    assert (paper.horizon_stages("babyai"), paper.horizon_stages("textcraft")) == ([6, 13, 20], [10, 20, 30])
+
+
 @pytest.mark.parametrize(
     ("changes", "expected"),
     [
@@ -89,6 +106,21 @@ def test_minimal_spec_gets_sensible_defaults() -> None:
         ),
         ({"environments": [{"name": "babyai"}, {"name": "babyai"}]}, "spec: environments listed twice: babyai"),
         ({"curriculum": {"horizons": [6, 6, 20]}}, "spec.curriculum: horizons must increase stage by stage"),
+        (
+            {"environments": [{"name": "babyai", "horizons": [3, 2]}]},
+            "spec.environments[0]: horizons must increase stage by stage, got [3, 2]",
+        ),
+        (
+            {
+                "environments": [{"name": "babyai"}, {"name": "textcraft", "horizons": [4, 8]}],
+                "curriculum": {"horizons": [2, 3, 5]},
+            },
+            "spec: every environment needs as many horizons as the curriculum has stages, got babyai 3, textcraft 2",
+        ),
+        (
+            {"environments": [{"name": "babyai", "horizons": [4, 8]}], "curriculum": {"kind": "fixed"}},
+            "spec: environments[].horizons (babyai) need curriculum kind scaling_inter",
+        ),
         (
             {"curriculum": {"kind": "adaptive", "adaptive": {"initial": 50, "maximum": 30}}},
             "spec.curriculum.adaptive: need minimum <= initial <= maximum",

@@ -90,7 +90,7 @@ def test_a_warm_started_run_trains_checkpoints_and_reports_what_sft_and_rl_each_
     assert (run_dir / "spec.yaml").exists() and (run_dir / "logs" / "trainer.log").exists()
 
     # Held-out success of the initial, the warmed-up and the final policy: summary, status and run directory.
-    assert "held-out success (babyai test-easy, 75 episodes, horizon 3):" in result.stdout
+    assert "held-out success (babyai test-easy, horizon 3, 75 episodes):" in result.stdout
     assert "SFT warm-up 0.00 -> " in result.stdout and "; GRPO " in result.stdout
     assert "eval (before training): success" in result.stdout and "eval (final policy): success" in result.stdout
     metrics = status["metrics"]

@@ -26,6 +26,27 @@ def test_eval_samples_with_the_runs_temperature_and_top_p() -> None:
     assert settings.concurrency == min(spec.inference.max_batch_size, 128 - 32)
 
 
+def test_each_environment_is_evaluated_at_its_final_horizon() -> None:
+    spec = load_training_run(QUICKSTART).spec
+    textcraft = spec.environments[0].model_copy(update={"name": "textcraft", "horizons": [4, 6, 8]})
+    spec = spec.model_copy(update={"environments": [spec.environments[0], textcraft]})
+    assert (eval_horizon(spec), eval_horizon(spec, "babyai"), eval_horizon(spec, "textcraft")) == (5, 5, 8)
+    result = PhaseResult(
+        "end",
+        3,
+        5,
+        0.5,
+        0.1,
+        8,
+        4,
+        1.0,
+        {"babyai": {"split": "test-easy", "horizon": 5}, "textcraft": {"split": "test-shallow", "horizon": 8}},
+    )
+    assert result.where() == "babyai test-easy (horizon 5), textcraft test-shallow (horizon 8)"
+    one = PhaseResult("end", 3, 5, 0.5, 0.1, 8, 4, 1.0, {"babyai": {"split": "test-easy", "horizon": 5}})
+    assert one.where() == "babyai test-easy, horizon 5"
+
+
 def _phase(name: str, per_env: dict[str, dict[str, float]]) -> PhaseResult:
     environments = {env: {"task_success": tasks} for env, tasks in per_env.items()}
     return PhaseResult(name, 0, 5, 0.0, 0.0, 0, 0, 0.0, environments)

@@ -49,7 +49,7 @@ CATALOGS = {"textcraft": FakeCatalog("textcraft", {"train": 50}), "babyai": Fake
 
 def test_plan_is_deterministic_and_well_formed() -> None:
     publisher = RequestPublisher(_config(), catalogs=CATALOGS)
-    requests = publisher.plan(step=5, horizon=13, policy_version=4)
+    requests = publisher.plan(step=5, horizons=13, policy_version=4)
     assert requests == RequestPublisher(_config(), catalogs=CATALOGS).plan(5, 13, 4)
     assert requests != publisher.plan(6, 13, 4)
     assert len(requests) == 4 * 3
@@ -73,6 +73,16 @@ def test_environments_are_sampled_by_weight() -> None:
     picks = Counter(r.environment for step in range(300) for r in publisher.plan(step, 6, 0) if r.sample_index == 0)
     share = picks["textcraft"] / sum(picks.values())
     assert 0.70 < share < 0.80  # weight 3 : 1
+
+
+def test_each_request_gets_its_environments_horizon() -> None:
+    publisher = RequestPublisher(_config(), catalogs=CATALOGS)
+    requests = publisher.plan(4, {"textcraft": 8, "babyai": 5}, 0)
+    assert {r.environment for r in requests} == {"textcraft", "babyai"}
+    assert all(r.max_turns == {"textcraft": 8, "babyai": 5}[r.environment] for r in requests)
+    # The horizons change max_turns only: the tasks, ids and seeds are those of one horizon for all.
+    same = publisher.plan(4, 6, 0)
+    assert [(r.request_id, r.task_id, r.seed) for r in requests] == [(r.request_id, r.task_id, r.seed) for r in same]
 
 
 def test_default_catalog_is_the_environment_catalog() -> None:
@@ -100,7 +110,7 @@ async def test_republish_after_crash_is_dropped_and_control_messages(nats_server
         channels = RunChannels("pub")
         await ensure_run_streams(js, channels)
         publisher = RequestPublisher(_config(), js, channels, catalogs=CATALOGS)
-        first = await publisher.publish(step=0, horizon=6, policy_version=0)
+        first = await publisher.publish(step=0, horizons=6, policy_version=0)
         # the trainer restarts and publishes step 0 again: the same ids, dropped by the duplicate window
         again = await RequestPublisher(_config(), js, channels, catalogs=CATALOGS).publish(0, 6, 0)
         assert first == again

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from agentgym.spec import load_training_run
+from agentgym.spec import load_training_run, parse_training_run
 from agentgym.trainer.config import EnvironmentConfig, RLTrainerConfig
 from agentgym.trainer.curriculum import AdaptiveHorizon, FixedHorizon, ScalingInterSchedule
 from agentgym.trainer.entrypoint import config_from_args
+from agentgym.trainer.trainer import RLTrainer
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -53,7 +55,9 @@ def test_from_spec_maps_every_field_group() -> None:
     config = RLTrainerConfig.from_spec(run.spec, run=run.metadata.name)
     assert config.output_dir == Path("runs/quickstart/quick")
     assert (config.algorithm, config.group_size, config.learning_rate) == ("grpo", 8, 1e-4)
-    assert config.environments == [EnvironmentConfig("babyai", "train-easy", 1.0, None, {"list_actions": False})]
+    assert config.environments == [
+        EnvironmentConfig("babyai", "train-easy", 1.0, None, {"list_actions": False}, horizons=[4, 8, 12])
+    ]
     assert (config.total_steps, config.checkpoint_every, config.sft_warmup_steps) == (30, 5, 40)
     assert (config.sft_learning_rate, config.sft_tasks, config.sft_batch_size) == (1e-3, 96, 4)
     assert config.sft_thoughts is False
@@ -72,6 +76,50 @@ def test_the_quickstart_example_maps() -> None:
     run = load_training_run(EXAMPLES / "quickstart.yaml")
     config = RLTrainerConfig.from_spec(run.spec, run=run.metadata.name)
     assert config.environments[0].name == "babyai" and config.total_steps == run.spec.trainer.total_steps
+
+
+def test_each_environment_keeps_its_horizons_per_stage() -> None:
+    """ScalingInter stages are the run's (the first environment's stage length); each environment plays its own
+    horizon of the stage, which the trainer hands the publisher per environment."""
+    run = parse_training_run(
+        {
+            "apiVersion": "agentgym.io/v1alpha1",
+            "kind": "TrainingRun",
+            "metadata": {"name": "mixed"},
+            "spec": {
+                "model": {"name": "builtin:tiny"},
+                "environments": [{"name": "babyai"}, {"name": "textcraft", "horizons": [4, 6, 8]}],
+                "curriculum": {"horizons": [2, 3, 5], "stageSteps": 4},
+            },
+        }
+    )
+    config = RLTrainerConfig.from_spec(run.spec, output_dir="x")
+    assert [(e.name, e.horizons) for e in config.environments] == [("babyai", [2, 3, 5]), ("textcraft", [4, 6, 8])]
+    trainer = SimpleNamespace(config=config, schedule=config.build_schedule())
+    by_step = [RLTrainer.horizons_at(trainer, step) for step in (0, 3, 4, 8, 50)]  # type: ignore[arg-type]
+    assert by_step == [
+        {"babyai": 2, "textcraft": 4},
+        {"babyai": 2, "textcraft": 4},
+        {"babyai": 3, "textcraft": 6},
+        {"babyai": 5, "textcraft": 8},
+        {"babyai": 5, "textcraft": 8},
+    ]
+    fixed = run.spec.model_copy(
+        update={
+            "curriculum": run.spec.curriculum.model_copy(update={"kind": "fixed", "max_turns": 7}),
+            "environments": [e.model_copy(update={"horizons": None}) for e in run.spec.environments],
+        }
+    )
+    config = RLTrainerConfig.from_spec(fixed, output_dir="x")
+    trainer = SimpleNamespace(config=config, schedule=config.build_schedule())
+    assert RLTrainer.horizons_at(trainer, 9) == {"babyai": 7, "textcraft": 7}  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="environment textcraft: 2 horizons for 3 curriculum stages"):
+        RLTrainerConfig(
+            curriculum={"kind": "scaling_inter", "horizons": [2, 3, 5]},
+            environments=[EnvironmentConfig("babyai"), EnvironmentConfig("textcraft", horizons=[4, 8])],
+        )
+    with pytest.raises(ValueError, match="environment horizons need a scaling_inter curriculum"):
+        RLTrainerConfig(environments=[EnvironmentConfig("babyai", horizons=[4, 8])])
 
 
 def test_curriculum_kinds_from_spec() -> None:

@@ -10,6 +10,7 @@ openAPIV3Schema is generated from these models (`agentgym.spec.crd`); so are the
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 
@@ -65,6 +66,15 @@ class ReplicaRange(SpecModel):
         return self
 
 
+def _check_stage_horizons(horizons: list[int]) -> None:
+    if not horizons:
+        raise ValueError("horizons must not be empty")
+    if any(h < 1 for h in horizons):
+        raise ValueError("every horizon must be >= 1")
+    if any(b <= a for a, b in pairwise(horizons)):
+        raise ValueError(f"horizons must increase stage by stage, got {horizons}")
+
+
 class EnvironmentSpec(SpecModel):
     name: EnvironmentName
     """Environment kind."""
@@ -82,6 +92,15 @@ class EnvironmentSpec(SpecModel):
     """Use an already running service at this URL instead of starting one."""
     config: dict[str, Any] = Field(default_factory=dict)
     """Environment-specific settings (e.g. SciWorld heap size, Deep Search `searchUrl`)."""
+    horizons: list[int] | None = Field(default=None, max_length=64)
+    """scaling_inter: this environment's horizon per stage, increasing, one per curriculum stage (default: the
+    curriculum's ``horizons``, else the paper's for this environment). Stages and their lengths are the run's."""
+
+    @model_validator(mode="after")
+    def _increasing_horizons(self) -> EnvironmentSpec:
+        if self.horizons is not None:
+            _check_stage_horizons(self.horizons)
+        return self
 
 
 class AlgorithmSpec(SpecModel):
@@ -231,12 +250,7 @@ class CurriculumSpec(SpecModel):
     @model_validator(mode="after")
     def _consistent(self) -> CurriculumSpec:
         if self.horizons is not None:
-            if not self.horizons:
-                raise ValueError("horizons must not be empty")
-            if any(h < 1 for h in self.horizons):
-                raise ValueError("every horizon must be >= 1")
-            if any(b <= a for a, b in zip(self.horizons, self.horizons[1:], strict=False)):
-                raise ValueError(f"horizons must increase stage by stage, got {self.horizons}")
+            _check_stage_horizons(self.horizons)
         if self.kind == "adaptive" and self.adaptive is None:
             self.adaptive = AdaptiveCurriculumSpec()
         return self
@@ -379,6 +393,28 @@ class TrainingRunSpec(SpecModel):
         if duplicates:
             raise ValueError(f"environments listed twice: {', '.join(duplicates)}")
         return self
+
+    @model_validator(mode="after")
+    def _environment_horizons(self) -> TrainingRunSpec:
+        own = [e.name for e in self.environments if e.horizons is not None]
+        if own and self.curriculum.kind != "scaling_inter":
+            raise ValueError(
+                f"environments[].horizons ({', '.join(own)}) need curriculum kind scaling_inter, whose stages they"
+                f" follow; a {self.curriculum.kind} curriculum has one horizon for every environment"
+            )
+        if self.curriculum.kind == "scaling_inter":
+            stages = {e.name: len(self.horizon_stages(e.name)) for e in self.environments}
+            if len(set(stages.values())) > 1:
+                counts = ", ".join(f"{name} {n}" for name, n in stages.items())
+                raise ValueError(f"every environment needs as many horizons as the curriculum has stages, got {counts}")
+        return self
+
+    def horizon_stages(self, environment: str) -> list[int]:
+        """The ScalingInter stages of `environment` in this run: its own ``horizons``, else the curriculum's."""
+        for env in self.environments:
+            if env.name == environment and env.horizons is not None:
+                return list(env.horizons)
+        return self.curriculum.horizon_stages(environment)
 
 
 class Condition(SpecModel):

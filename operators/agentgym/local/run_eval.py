@@ -79,27 +79,35 @@ class PhaseResult:
 
     def describe(self) -> str:
         """``success 0.41 ± 0.05 (128 episodes, babyai test-easy, horizon 5, policy v1, 21 s)``."""
-        where = ", ".join(f"{name} {env['split']}" for name, env in self.environments.items())
         return (
-            f"success {self.success:.2f} ± {self.success_se:.2f} ({self.episodes} episodes, {where}, "
-            f"horizon {self.horizon}, policy v{self.policy_version}, {self.seconds:.0f} s)"
+            f"success {self.success:.2f} ± {self.success_se:.2f} ({self.episodes} episodes, {self.where()}, "
+            f"policy v{self.policy_version}, {self.seconds:.0f} s)"
         )
+
+    def where(self) -> str:
+        """``babyai test-easy, horizon 5``, or with horizons per environment ``babyai test-easy (5), textcraft ...``."""
+        horizons = {name: int(env.get("horizon", self.horizon)) for name, env in self.environments.items()}
+        if len(set(horizons.values())) <= 1:
+            splits = ", ".join(f"{name} {env['split']}" for name, env in self.environments.items())
+            return f"{splits}, horizon {self.horizon}"
+        return ", ".join(f"{name} {env['split']} (horizon {horizons[name]})" for name, env in self.environments.items())
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PhaseResult:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
-def eval_horizon(spec: TrainingRunSpec) -> int:
-    """The horizon of the final curriculum stage (fixed: its horizon; adaptive: its maximum)."""
+def eval_horizon(spec: TrainingRunSpec, environment: str | None = None) -> int:
+    """`environment`'s (default: the first's) horizon in the final curriculum stage (fixed: the run's horizon;
+    adaptive: its maximum)."""
     curriculum = spec.curriculum
     first = spec.environments[0].name
     if curriculum.kind == "fixed":
-        return int(curriculum.max_turns or curriculum.horizon_stages(first)[-1])
+        return int(curriculum.max_turns or spec.horizon_stages(first)[-1])
     if curriculum.kind == "adaptive":
         adaptive = curriculum.adaptive
-        return int(adaptive.maximum) if adaptive is not None else int(curriculum.horizon_stages(first)[-1])
-    return int(curriculum.horizon_stages(first)[-1])
+        return int(adaptive.maximum) if adaptive is not None else int(spec.horizon_stages(first)[-1])
+    return int(spec.horizon_stages(environment or first)[-1])
 
 
 def combine(phase: str, version: int, horizon: int, seconds: float, per_env: dict[str, dict[str, Any]]) -> PhaseResult:
@@ -149,16 +157,18 @@ async def evaluate_served_policy(
     """Play the eval episodes of every environment against the policy inference serves now."""
     from agentgym.local.evaluate import play_split
 
-    horizon = settings.horizon or eval_horizon(spec)
     started = time.perf_counter()
     per_env: dict[str, dict[str, Any]] = {}
     for env in spec.environments:
+        horizon = settings.horizon or eval_horizon(spec, env.name)
         eval_settings = eval_settings_for(spec, env, settings, horizon)
         results = await play_split(eval_settings, inference_url, env_urls[env.name], chat)
         summary = dict(results["by_max_turns"][str(horizon)])
         summary["split"] = env.eval_split
+        summary["horizon"] = horizon
         per_env[env.name] = summary
-    return combine(phase, policy_version, horizon, time.perf_counter() - started, per_env)
+    first_horizon = settings.horizon or eval_horizon(spec)
+    return combine(phase, policy_version, first_horizon, time.perf_counter() - started, per_env)
 
 
 def write_phase(run_dir: Path, result: PhaseResult) -> Path:
@@ -228,8 +238,7 @@ def summary_lines(phases: dict[str, PhaseResult], algorithm: str = "RL", rl_step
     lines = []
     reference = end or sft or start
     assert reference is not None
-    where = ", ".join(f"{name} {env['split']}" for name, env in reference.environments.items())
-    header = f"held-out success ({where}, {reference.episodes} episodes, horizon {reference.horizon})"
+    header = f"held-out success ({reference.where()}, {reference.episodes} episodes)"
     if start and end:
         lines.append(
             f"{header}: {start.success:.2f} -> {end.success:.2f} ({_points(start, end):+.0f} pts; "

@@ -251,7 +251,8 @@ def parse_study(document: Any, source_dir: Path = Path("."), source: str = "Stud
     from agentgym.local.run_eval import eval_horizon
 
     # One eval horizon for every arm: a fixed short arm is not judged on fewer turns than the others.
-    max_turns = parsed.spec.eval_max_turns or max(eval_horizon(m.run.spec) for m in members)
+    horizons = [eval_horizon(m.run.spec, e.name) for m in members for e in m.run.spec.environments]
+    max_turns = parsed.spec.eval_max_turns or max(horizons)
     return Study(
         parsed.metadata.name, base_run.to_document(), list(parsed.spec.arms), list(parsed.spec.seeds), members,
         max_turns, parsed.spec.eval_tasks, shared_warmup,

@@ -21,7 +21,7 @@ from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel
 
 from agentgym.spec import TrainingRunSpec, algorithm_rule_error, backend_rule_error
-from agentgym.trainer.curriculum import HorizonSchedule, build_schedule
+from agentgym.trainer.curriculum import HorizonSchedule, ScalingInterSchedule, build_schedule
 from agentgym.trainer.rewards import OutcomeReward, RewardConfig
 
 __all__ = ["EnvironmentConfig", "RLTrainerConfig", "checkpoint_root_from_uri"]
@@ -40,6 +40,8 @@ class EnvironmentConfig:
     """A running env service: its task catalog is read over HTTP (no environment engine needed here)."""
     config: dict[str, Any] = field(default_factory=dict)
     """The environment's settings (the spec's ``config``): the SFT warm-up replays demonstrations with them."""
+    horizons: list[int] = field(default_factory=list)
+    """Its horizon per ScalingInter stage (the run's stages); empty: the schedule's horizon, as every environment."""
 
 
 def checkpoint_root_from_uri(uri: str) -> Path:
@@ -226,6 +228,16 @@ class RLTrainerConfig:
         self.environments = [
             e if isinstance(e, EnvironmentConfig) else EnvironmentConfig(**e) for e in self.environments
         ]
+        staged = [e for e in self.environments if e.horizons]
+        if staged:
+            stages = self.build_schedule()
+            if not isinstance(stages, ScalingInterSchedule):
+                raise ValueError("environment horizons need a scaling_inter curriculum (they follow its stages)")
+            for e in staged:
+                if len(e.horizons) != len(stages.horizons):
+                    raise ValueError(
+                        f"environment {e.name}: {len(e.horizons)} horizons for {len(stages.horizons)} curriculum stages"
+                    )
         self.reward_config()  # validates the reward knobs
 
     # ------------------------------------------------------------------------------------------
@@ -280,8 +292,9 @@ class RLTrainerConfig:
 
         Every field of ``spec.model``, ``spec.algorithm``, ``spec.rollout`` and ``spec.trainer`` that the
         config has is copied (``model.name`` is ``model``, ``algorithm.name`` is ``algorithm``). The horizon
-        schedule follows ``spec.curriculum`` with the FIRST environment's paper preset where a value is
-        left unset (one horizon for the run: RolloutRequest.max_turns).
+        schedule follows ``spec.curriculum`` with the FIRST environment's horizons (its own, the curriculum's or the
+        paper's) and stage length; with scaling_inter each environment keeps its own horizon per stage
+        (``EnvironmentConfig.horizons``: a RolloutRequest's max_turns is its environment's).
         """
         sections = [(spec.model, {"name": "model"})] + [(getattr(spec, s), r) for s, r in _SPEC_SECTIONS]
         values: dict[str, Any] = {}
@@ -291,9 +304,13 @@ class RLTrainerConfig:
         values["output_dir"] = (
             Path(output_dir) if output_dir is not None else checkpoint_root_from_uri(spec.storage.checkpoint_uri) / run
         )
-        values["curriculum"] = _curriculum(spec.curriculum, spec.environments[0].name)
+        values["curriculum"] = _curriculum(spec)
+        staged = spec.curriculum.kind == "scaling_inter"
         values["environments"] = [
-            EnvironmentConfig(e.name, e.split, e.weight, e.url, dict(e.config)) for e in spec.environments
+            EnvironmentConfig(
+                e.name, e.split, e.weight, e.url, dict(e.config), spec.horizon_stages(e.name) if staged else []
+            )
+            for e in spec.environments
         ]
         values.update(overrides)
         return cls(**values)
@@ -373,14 +390,15 @@ def _holds(value: float, bound: Bound | None) -> bool:
     return {">=": value >= limit, ">": value > limit, "<=": value <= limit, "<": value < limit}[op]
 
 
-def _curriculum(cur: Any, first: str) -> dict[str, Any]:
-    """``build_schedule`` arguments of a ``CurriculumSpec``, with ``first``'s paper preset where unset."""
+def _curriculum(spec: Any) -> dict[str, Any]:
+    """``build_schedule`` arguments of a run's ``curriculum``, with its first environment's horizons where unset."""
+    cur, first = spec.curriculum, spec.environments[0].name
     if cur.kind == "fixed":
-        return {"kind": "fixed", "max_turns": cur.max_turns or cur.horizon_stages(first)[-1]}
+        return {"kind": "fixed", "max_turns": cur.max_turns or spec.horizon_stages(first)[-1]}
     if cur.kind == "scaling_inter":
         return {
             "kind": "scaling_inter",
-            "horizons": cur.horizon_stages(first),
+            "horizons": spec.horizon_stages(first),
             "stage_steps": cur.steps_per_stage(first),
         }
     return {"kind": "adaptive", **cur.adaptive.model_dump()}

@@ -1,10 +1,10 @@
 """What the trainer publishes: the RolloutRequests of a step, WeightUpdate and CurriculumState.
 
-``RequestPublisher.plan(step, horizon, policy_version)`` is a pure function of the run's seed and
-the step: ``tasks_per_step`` task slots; slot ``k`` picks an environment by weight, then a task
-uniformly from that environment's split (its catalog: ``environment_class(name).catalog()``
-in-process, or the env service's ``GET /v1/tasks`` when the environment has a ``url``), without repeats
-inside one step while the split has unused tasks. Each slot becomes a group
+``RequestPublisher.plan(step, horizons, policy_version)`` is a pure function of the run's seed and
+the step (``horizons``: max turns per environment, or one for all): ``tasks_per_step`` task slots; slot ``k``
+picks an environment by weight, then a task uniformly from that environment's split (its catalog:
+``environment_class(name).catalog()`` in-process, or the env service's ``GET /v1/tasks`` when the environment
+has a ``url``), without repeats inside one step while the split has unused tasks. Each slot becomes a group
 ``group_id = "{run}/{step}/{k}"`` of ``group_size`` requests with
 ``request_id = "{run}/{step}/{k}/{sample}"`` (also the trajectory id the rollout worker gives the
 trajectory). The request id is the JetStream ``Nats-Msg-Id``: a re-publish after a trainer crash
@@ -116,9 +116,12 @@ class RequestPublisher:
             self._sizes[key] = int(splits[split])
         return self._sizes[key]
 
-    def plan(self, step: int, horizon: int, policy_version: int) -> list[rl_pb2.RolloutRequest]:
-        """The requests of ``step`` (deterministic in ``(seed, run, step)``)."""
+    def plan(self, step: int, horizons: int | Mapping[str, int], policy_version: int) -> list[rl_pb2.RolloutRequest]:
+        """The requests of ``step`` (deterministic in ``(seed, run, step)``); ``horizons``: each environment's max
+        turns (``RLTrainer.horizons_at``), or one for all."""
         c = self.config
+        if isinstance(horizons, int):
+            horizons = {e.name: horizons for e in c.environments}
         rng = random.Random(f"{c.seed}/{c.run}/{step}")
         envs = c.environments
         weights = [e.weight for e in envs]
@@ -147,7 +150,7 @@ class RequestPublisher:
                         group_id=group_id,
                         sample_index=sample,
                         group_size=c.group_size,
-                        max_turns=horizon,
+                        max_turns=horizons[env.name],
                         policy_version=policy_version,
                         max_tokens_per_turn=c.max_tokens_per_turn,
                         temperature=c.temperature,
@@ -157,11 +160,13 @@ class RequestPublisher:
                 )
         return requests
 
-    async def publish(self, step: int, horizon: int, policy_version: int) -> list[rl_pb2.RolloutRequest]:
+    async def publish(
+        self, step: int, horizons: int | Mapping[str, int], policy_version: int
+    ) -> list[rl_pb2.RolloutRequest]:
         """Plan and publish the requests of ``step``; returns them."""
         if self.js is None:
             raise RuntimeError("RequestPublisher needs a JetStream context to publish")
-        requests = self.plan(step, horizon, policy_version)
+        requests = self.plan(step, horizons, policy_version)
         headers = inject_context()  # the episodes hang under the current span (the train step) in one trace
         for request in requests:
             await publish_message(

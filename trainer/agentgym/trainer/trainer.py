@@ -33,6 +33,7 @@ from agentgym.trainer.batch import DPOPair, SFTExample, TrainBatch, group_key, m
 from agentgym.trainer.checkpoint import RecentIds
 from agentgym.trainer.config import RLTrainerConfig
 from agentgym.trainer.critic import ValueModel
+from agentgym.trainer.curriculum import ScalingInterSchedule
 from agentgym.trainer.distributed import DataParallel
 from agentgym.trainer.metrics import MetricsSink
 from agentgym.trainer.policy import Policy, cpu_has_bf16_units
@@ -130,7 +131,20 @@ class RLTrainer:
 
     @property
     def horizon(self) -> int:
+        """The schedule's horizon now (the first environment's)."""
         return self.schedule.current_horizon
+
+    def horizons_at(self, step: int) -> dict[str, int]:
+        """Each environment's max turns at training step ``step``: under ScalingInter its own horizon of the step's
+        stage (``EnvironmentConfig.horizons``), otherwise the schedule's (an adaptive schedule knows only now)."""
+        schedule = self.schedule
+        if isinstance(schedule, ScalingInterSchedule):
+            stage = schedule.stage_at(step)
+            own = {e.name: e.horizons for e in self.config.environments}
+            return {name: horizons[stage] if horizons else schedule.horizons[stage] for name, horizons in own.items()}
+        horizon_of = getattr(schedule, "horizon", None)
+        horizon = int(horizon_of(step)) if callable(horizon_of) else schedule.current_horizon
+        return {e.name: horizon for e in self.config.environments}
 
     # -- RL ---------------------------------------------------------------------------------------
 
