@@ -10,7 +10,8 @@ its mean and standard error over seeds, the wall time, the machine's load, and t
   babyai                the quickstart's: +30 points within 10 minutes
   other environments    no target: the measured change is reported
 
-A recipe with several environments (`--spec`) reports each environment's success too.
+A recipe with several environments (`--env babyai+textcraft`, or `--spec`) also prints each environment's
+success and paired gain.
 
 Usage: python benchmarks/learning_bench.py --env textcraft [--seeds 1,2,3,4] [--spec FILE] [--keep DIR]
                                           [--eval-tasks N]
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -43,9 +44,16 @@ RECIPES: dict[str, Path] = {
     "webarena": ROOT / "examples" / "webarena-cpu.yaml",
     "sciworld": ROOT / "examples" / "sciworld-cpu.yaml",
     "deepsearch": ROOT / "examples" / "deepsearch-cpu.yaml",
+    "babyai+textcraft": ROOT / "examples" / "babyai-textcraft-cpu.yaml",  # one policy on both
 }
 # Held-out tasks each eval plays (`agentgym run --eval-tasks`): fewer where an episode is expensive (a browser).
-EVAL_TASKS: dict[str, int] = {"webarena": 48, "sciworld": 48, "deepsearch": 28}
+EVAL_TASKS: dict[str, int] = {
+    "textcraft": 48,
+    "webarena": 48,
+    "sciworld": 48,
+    "deepsearch": 28,
+    "babyai+textcraft": 48,  # each
+}
 
 
 @dataclass(frozen=True)
@@ -116,16 +124,23 @@ def seed_line(result: SeedResult) -> str:
 
 
 def environment_lines(result: SeedResult) -> list[str]:
-    """Per-environment start -> end success of a run with several environments."""
+    """Per-environment start -> after SFT -> end success, and the paired gain, of a run with several environments."""
     start, end = result.phases["start"], result.phases["end"]
     if len(end.environments) < 2:
         return []
     lines = []
     for name, env_end in end.environments.items():
+        only = {
+            phase: replace(result.phases[phase], environments={name: result.phases[phase].environments[name]})
+            for phase in ("start", "end")
+        }
+        points, se, tasks = paired_gain(only["start"], only["end"])
         env_start = start.environments.get(name, {})
+        env_sft = result.phases["sft"].environments.get(name, {}) if "sft" in result.phases else {}
         lines.append(
             f"          {name:<10} {env_start.get('split', '?'):<14} {float(env_start.get('success', math.nan)):.3f}"
-            f" -> {float(env_end['success']):.3f} ± {float(env_end['success_se']):.3f}"
+            f" -> sft {float(env_sft.get('success', math.nan)):.3f} -> {float(env_end['success']):.3f}"
+            f" ± {float(env_end['success_se']):.3f}  gain {points:+5.1f} ± {se:4.1f} pts ({tasks} tasks)"
         )
     return lines
 
@@ -154,7 +169,7 @@ def main() -> None:
         "--eval-tasks",
         type=int,
         default=None,
-        help="Held-out tasks per eval (default: 100; webarena, sciworld 48; deepsearch 28)",
+        help="Held-out tasks per eval (default: 100; textcraft, webarena, sciworld 48; deepsearch 28)",
     )
     args = parser.parse_args()
 

@@ -30,7 +30,7 @@ def shrunk(recipe: Path) -> dict[str, Any]:
     spec["trainer"].update({"totalSteps": 2, "checkpointEvery": 1})
     if spec["trainer"].get("sftWarmupSteps"):
         spec["trainer"].update({"sftWarmupSteps": 2, "sftTasks": 16})
-    spec["rollout"].update({"tasksPerStep": 1, "concurrency": 8})
+    spec["rollout"].update({"tasksPerStep": len(spec["environments"]), "concurrency": 8})
     spec["algorithm"].update({"groupSize": 4, "miniBatchSize": 4})
     if spec["curriculum"].get("stageSteps"):
         spec["curriculum"]["stageSteps"] = 1
@@ -39,6 +39,7 @@ def shrunk(recipe: Path) -> dict[str, Any]:
 
 def test_there_are_cpu_recipes_and_each_is_a_valid_training_run() -> None:
     assert [p.name for p in RECIPES] == [
+        "babyai-textcraft-cpu.yaml",
         "deepsearch-cpu.yaml",
         "sciworld-cpu.yaml",
         "textcraft-cpu.yaml",
@@ -76,6 +77,11 @@ def test_the_recipe_runs_its_warm_up_steps_and_evaluations(recipe: Path, tmp_pat
         assert len(end["task_success"]) == 4  # what the learning benchmark's paired gain compares
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rl_rows = [r for r in rows if "policy_loss" in r]
-    assert [r["horizon"] for r in rl_rows] == document["spec"]["curriculum"]["horizons"][:2]
-    for env in document["spec"]["environments"]:
-        assert all(r["env"][env["name"]]["trajectories"] == 4 for r in rl_rows)
+    spec = parse_training_run(document).spec
+    tasks = spec.rollout.tasks_per_step
+    assert [r["horizon"] for r in rl_rows] == spec.horizon_stages(spec.environments[0].name)[:2]
+    assert all(r["env"]["all"]["trajectories"] == 4 * tasks for r in rl_rows)
+    for env in spec.environments:  # each plays its own horizon of the stage
+        played = [(r["env"][env.name]["horizon_max"], r["step"]) for r in rl_rows if env.name in r["env"]]
+        assert all(horizon == spec.horizon_stages(env.name)[step] for horizon, step in played), played
+        assert played or tasks > 1  # a step's tasks are drawn by weight: one environment may miss a step

@@ -88,6 +88,7 @@ def test_rollout_metrics_per_environment() -> None:
             final_score=0.0,
             success=False,
             turns_used=3,
+            horizon=3,
             termination=rl_pb2.TERMINATION_HORIZON,
             turns=[rl_pb2.Turn(), rl_pb2.Turn(repeated_action=True), rl_pb2.Turn()],
         ),
@@ -105,6 +106,7 @@ def test_rollout_metrics_per_environment() -> None:
     assert baby["reward_std"] == pytest.approx(0.45)
     assert baby["success_rate"] == 0.5
     assert baby["turns_mean"] == 2.5
+    assert (baby["horizon_max"], stats["sciworld"]["horizon_max"], stats["all"]["horizon_max"]) == (3, 0, 3)
     assert baby["truncation_rate"] == 0.5
     assert baby["failed_rate"] == 0.0
     assert baby["invalid_action_rate"] == pytest.approx(1 / 5)

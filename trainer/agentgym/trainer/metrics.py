@@ -7,6 +7,7 @@ Rollout statistics of a step (:func:`rollout_metrics`), over ALL trajectories th
                                     std is the population std
 ``success_rate``                     share with ``success``
 ``turns_mean``                       turns used
+``horizon_max``                      the largest max turns the episodes were asked with (each environment's horizon)
 ``truncation_rate``                  share cut by the horizon (TERMINATION_HORIZON)
 ``context_limit_rate``               share ended by the context length
 ``failed_rate``                      share that failed (TERMINATION_ERROR)
@@ -60,6 +61,7 @@ def _group_stats(trajectories: Sequence[rl_pb2.Trajectory], config: RewardConfig
         "reward_std": _std(rewards),
         "success_rate": _mean([1.0 if t.success else 0.0 for t in trajectories]),
         "turns_mean": _mean([float(t.turns_used or len(t.turns)) for t in trajectories]),
+        "horizon_max": float(max((t.horizon for t in trajectories), default=0)),
         "truncation_rate": _mean([1.0 if t.termination == rl_pb2.TERMINATION_HORIZON else 0.0 for t in trajectories]),
         "context_limit_rate": _mean(
             [1.0 if t.termination == rl_pb2.TERMINATION_CONTEXT_LIMIT else 0.0 for t in trajectories]
