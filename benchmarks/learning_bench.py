@@ -119,8 +119,15 @@ def seed_line(result: SeedResult) -> str:
     return (
         f"seed {result.seed:>3}  start {phase_text(phases.get('start'))}  sft {phase_text(phases.get('sft'))}  "
         f"end {phase_text(phases.get('end'))}  gain {points:+5.1f} ± {se:4.1f} pts ({tasks} tasks)  "
-        f"{result.wall_s / 60:.1f} min"
+        f"{result.wall_s / 60:.1f} min" + errors_text(result)
     )
+
+
+def errors_text(result: SeedResult) -> str:
+    """``  ERRORS start 36/48, sft 48/48``: eval episodes an infrastructure fault ended (they count as failures,
+    so a success rate beside them measures the service, not the policy); empty when there were none."""
+    faulty = [f"{name} {phase.errors}/{phase.episodes}" for name, phase in result.phases.items() if phase.errors]
+    return f"  ERRORS {', '.join(faulty)}" if faulty else ""
 
 
 def environment_lines(result: SeedResult) -> list[str]:

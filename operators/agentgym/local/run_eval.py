@@ -77,10 +77,17 @@ class PhaseResult:
             f"{prefix}/policy_version": float(self.policy_version),
         }
 
+    @property
+    def errors(self) -> int:
+        """Episodes an infrastructure fault ended (counted as failures in `success`)."""
+        return sum(int(env.get("errors", 0)) for env in self.environments.values())
+
     def describe(self) -> str:
-        """``success 0.41 ± 0.05 (128 episodes, babyai test-easy, horizon 5, policy v1, 21 s)``."""
+        """``success 0.41 ± 0.05 (128 episodes, babyai test-easy, horizon 5, policy v1, 21 s)``; with
+        ``, 3 ended by errors`` after the episodes where there were any."""
+        errors = f", {self.errors} ended by errors" if self.errors else ""
         return (
-            f"success {self.success:.2f} ± {self.success_se:.2f} ({self.episodes} episodes, {self.where()}, "
+            f"success {self.success:.2f} ± {self.success_se:.2f} ({self.episodes} episodes{errors}, {self.where()}, "
             f"policy v{self.policy_version}, {self.seconds:.0f} s)"
         )
 

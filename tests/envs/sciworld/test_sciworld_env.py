@@ -304,6 +304,24 @@ def test_lease_waits_then_says_the_pool_is_exhausted() -> None:
             holder.close()
 
 
+def test_a_pool_without_a_size_gives_every_episode_a_slot() -> None:
+    """The default pool has no cap of its own (the service's live-episode cap bounds it): a recipe serving 16
+    episodes at once got 8 slots, and the other 8 waited for one until their resets timed out."""
+    settings = pool_settings(warm_slots=1, simulators_per_jvm=2)
+    assert settings.size is None and pool_settings().warm_target == 8
+    pool = SciWorldPool(settings)
+    episodes = [SciWorldEnv(pool=pool, lease_timeout_s=120) for _ in range(3)]
+    try:
+        pids = [env.reset("boil/v21").info["jvm_pid"] for env in episodes]  # each holds its slot
+        stats = pool.stats()
+        assert stats["size"] is None and stats["leased"] == 3 and stats["idle"] == 0
+        assert len(set(pids)) == 2 and stats["jvms"] == 2  # the third slot needed a second JVM of 2
+    finally:
+        for env in episodes:
+            env.close()
+        pool.close()
+
+
 def test_a_jvm_that_cannot_start_is_reported_with_its_reason() -> None:
     pool = SciWorldPool(pool_settings(pool_size=1, java_options="-XX:+NoSuchOption", cds="off"))
     try:

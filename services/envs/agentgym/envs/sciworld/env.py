@@ -24,7 +24,8 @@ asked: `available_actions()` (GET /v1/episodes/{id}/actions, AgentGym's /action_
 step with ``valid_actions_in_step=True``.
 
 Settings (``agentgym env serve sciworld --set KEY=VALUE``): ``pool_size`` (slots, i.e. simulators,
-at most: 8), ``warm_slots`` (slots started up front; default all), ``simulators_per_jvm`` (slots
+at most; default none: a slot for every live episode, which the service caps), ``warm_slots`` (slots
+started up front; default all of a sized pool, else 8), ``simulators_per_jvm`` (slots
 sharing one JVM, 8; 1 gives each its own JVM), ``heap_mb`` (heap cap per simulator, 768: a JVM of
 n simulators is capped at n x heap_mb), ``lease_timeout_s`` (wait for a free slot, 60),
 ``step_limit``, ``valid_actions_in_step``, ``java``, ``java_options``, ``cds`` ("auto"/"off"/path),
@@ -59,7 +60,7 @@ class SlotDiedError(RuntimeError):
 
 
 def pool_settings(
-    pool_size: int = 8,
+    pool_size: int | None = None,
     warm_slots: int | None = None,
     simulators_per_jvm: int = DEFAULT_SIMULATORS_PER_JVM,
     heap_mb: int = DEFAULT_HEAP_MB,
@@ -80,7 +81,7 @@ def pool_settings(
         call_timeout_s=float(call_timeout_s),
     )
     return PoolSettings(
-        size=int(pool_size),
+        size=None if pool_size is None else int(pool_size),
         warm_slots=None if warm_slots is None else int(warm_slots),
         simulators_per_jvm=int(simulators_per_jvm),
         jvm=jvm,

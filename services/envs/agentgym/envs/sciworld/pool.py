@@ -11,7 +11,8 @@ back on close. Slots are:
 
 * started in background threads, off the event loop: `warm_slots` of them as soon as the pool is
   first used (JVMs in parallel, each filled up to `simulators_per_jvm`), more on demand up to
-  `size` when every warm slot is leased (a simulator added to a JVM with room, else a new JVM);
+  `size` (if it has one) when every warm slot is leased (a simulator added to a JVM with room, else a
+  new JVM);
 * leased from the JVM with the fewest episodes, so load spreads over the JVMs (a JVM steps one
   simulator at a time);
 * checked on lease and on return. A JVM's slots share its fate: when the JVM dies (killed, crashed,
@@ -22,8 +23,10 @@ back on close. Slots are:
 
 `simulators_per_jvm=1` gives every slot a JVM of its own (full isolation, the old behaviour).
 
-`lease` waits up to its timeout for a free slot and then raises `PoolExhaustedError`, which names
-the pool size to raise. One pool exists per distinct settings (`shared_pool`); all are closed at exit.
+By default a pool has no size of its own: every episode that leases gets a slot (a new one when none
+is idle), and the service's live-episode cap bounds them. With a `size`, `lease` waits up to its
+timeout for a free slot and then raises `PoolExhaustedError`, which names the pool size to raise.
+One pool exists per distinct settings (`shared_pool`); all are closed at exit.
 """
 
 from __future__ import annotations
@@ -68,27 +71,36 @@ class PoolClosedError(RuntimeError):
 
 @dataclass(frozen=True)
 class PoolSettings:
-    size: int = 8  # most slots (simulators) at once
-    warm_slots: int | None = None  # slots started up front (and kept replaced); None: all `size`
+    # Most slots (simulators) at once. None: no cap of the pool's own, one slot per episode that wants one
+    # (the service's live-episode cap bounds them): a pool smaller than the service's cap left the episodes
+    # past it waiting for a slot until their reset timed out.
+    size: int | None = None
+    warm_slots: int | None = None  # slots started up front (and kept replaced); None: all `size` (uncapped: 8)
     simulators_per_jvm: int = DEFAULT_SIMULATORS_PER_JVM  # slots sharing one JVM (1: a JVM each)
     jvm: JVMSettings = field(default_factory=JVMSettings)
 
     def __post_init__(self) -> None:
-        if self.size < 1:
+        if self.size is not None and self.size < 1:
             raise ValueError(f"pool size must be at least 1, not {self.size}")
-        if self.warm_slots is not None and not 0 <= self.warm_slots <= self.size:
+        if self.warm_slots is not None and not 0 <= self.warm_slots <= self.capped(self.warm_slots):
             raise ValueError(f"warm_slots must be between 0 and the pool size ({self.size}), not {self.warm_slots}")
         if self.simulators_per_jvm < 1:
             raise ValueError(f"simulators_per_jvm must be at least 1, not {self.simulators_per_jvm}")
 
     @property
     def warm_target(self) -> int:
-        return self.size if self.warm_slots is None else self.warm_slots
+        if self.warm_slots is not None:
+            return self.warm_slots
+        return self.size if self.size is not None else DEFAULT_SIMULATORS_PER_JVM
+
+    def capped(self, slots: int) -> int:
+        """`slots`, or the pool's size where that is smaller."""
+        return slots if self.size is None else min(self.size, slots)
 
     @property
     def jvm_capacity(self) -> int:
         """Simulators per JVM, never more than the pool holds (the heap cap scales with it)."""
-        return min(self.simulators_per_jvm, self.size)
+        return self.capped(self.simulators_per_jvm)
 
 
 _slot_numbers = itertools.count(1)
@@ -175,7 +187,7 @@ class SciWorldPool:
     def wait_warm(self, count: int | None = None, timeout: float | None = None) -> float:
         """Block until `count` slots (default: the warm target) are started; returns the seconds waited."""
         self.start()
-        target = min(self.settings.size, self.settings.warm_target if count is None else count)
+        target = self.settings.capped(self.settings.warm_target if count is None else count)
         began = time.monotonic()
         deadline = None if timeout is None else began + timeout
         with self._cond:
@@ -227,10 +239,15 @@ class SciWorldPool:
                     if self._consecutive_failures >= _MAX_START_FAILURES:
                         if self._starting_locked() == 0:
                             raise JVMError(f"ScienceWorld slots fail to start: {self._start_failures[-1]}")
-                    elif self._starting_locked() < self._waiting and self._live_locked() < self.settings.size:
+                    elif self._starting_locked() < self._waiting and self._has_room_locked():
                         self._fill_locked(self._live_locked() + 1)  # one more slot for this waiter
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
+                        if self.settings.size is None:
+                            raise PoolExhaustedError(
+                                f"no ScienceWorld slot started within {timeout:g}s "
+                                f"({self._starting_locked()} starting, {len(self._leased)} leased)"
+                            )
                         raise PoolExhaustedError(
                             f"all {self.settings.size} ScienceWorld slots are busy (waited {timeout:g}s); "
                             "close episodes or start the service with a larger pool_size"
@@ -294,6 +311,10 @@ class SciWorldPool:
     def _live_locked(self) -> int:
         return self._ready_locked() + self._starting_locked()
 
+    def _has_room_locked(self) -> bool:
+        """Another slot may start (the pool is uncapped, or below its size)."""
+        return self.settings.size is None or self._live_locked() < self.settings.size
+
     def _leased_on_locked(self, host: _Host) -> int:
         return sum(1 for slot in self._leased if slot.host is host)
 
@@ -315,7 +336,7 @@ class SciWorldPool:
 
     def _fill_locked(self, target: int | None = None) -> None:
         """Start slots up to `target` (default the warm target): on JVMs with room first, then new JVMs."""
-        goal = min(self.settings.size, self.settings.warm_target if target is None else target)
+        goal = self.settings.capped(self.settings.warm_target if target is None else target)
         need = goal - self._live_locked()
         if need <= 0 or self._closed or self._consecutive_failures >= _MAX_START_FAILURES:
             return
