@@ -26,6 +26,7 @@ from typing import Any, Literal, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from agentgym.cpus import available_cpus
 from agentgym.envs.base import (
     Environment,
     EnvironmentBusyError,
@@ -77,17 +78,11 @@ class ManagerConfig:
     never_stepped_timeout_s: float = 60.0
     step_timeout_s: float = 30.0
     reset_timeout_s: float = 120.0
-    # One thread per live episode by default: an episode's call must never queue behind other episodes'
-    # calls, since its step timeout counts the wait, and environments block in their calls (ScienceWorld's
-    # JVM, Chromium). With fewer threads than episodes, calls that block held every thread while the
-    # episodes they waited on could not step (SciWorld: 16 episodes, 8 threads, every episode failed).
-    worker_threads: int | None = None
+    # Few threads, not one per episode: they also bound how many calls hit the engine at once (64 WebArena
+    # resets at once timed out Chromium's page loads). So no environment call may wait long for another
+    # episode (the SciWorld pool starts a slot rather than wait for a free one).
+    worker_threads: int = field(default_factory=lambda: min(32, 4 * available_cpus()))
     reap_interval_s: float = 15.0
-
-    @property
-    def threads(self) -> int:
-        """Threads that run environment calls: `worker_threads`, else one per live episode."""
-        return self.worker_threads if self.worker_threads is not None else self.max_episodes
 
 
 @dataclass
@@ -167,7 +162,9 @@ class EpisodeManager:
         self._factory = factory
         self._episodes: dict[str, Episode] = {}
         self._pending_creates = 0
-        self._executor = ThreadPoolExecutor(max_workers=self.config.threads, thread_name_prefix=f"env-{environment}")
+        self._executor = ThreadPoolExecutor(
+            max_workers=self.config.worker_threads, thread_name_prefix=f"env-{environment}"
+        )
         self._reaper: asyncio.Task[None] | None = None
         self._counter = itertools.count(1)
         self._prefix = secrets.token_hex(3)
