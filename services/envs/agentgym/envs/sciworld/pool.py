@@ -82,7 +82,8 @@ class PoolSettings:
     def __post_init__(self) -> None:
         if self.size is not None and self.size < 1:
             raise ValueError(f"pool size must be at least 1, not {self.size}")
-        if self.warm_slots is not None and not 0 <= self.warm_slots <= self.capped(self.warm_slots):
+        too_many = self.size is not None and self.warm_slots is not None and self.warm_slots > self.size
+        if self.warm_slots is not None and (self.warm_slots < 0 or too_many):
             raise ValueError(f"warm_slots must be between 0 and the pool size ({self.size}), not {self.warm_slots}")
         if self.simulators_per_jvm < 1:
             raise ValueError(f"simulators_per_jvm must be at least 1, not {self.simulators_per_jvm}")
