@@ -1,26 +1,32 @@
-"""Is bf16 autocast worth it on this CPU? One training forward/backward of the tiny model, float32 vs bf16.
+"""Is bf16 worth it on this CPU? A training forward/backward (float32 vs bf16 autocast) and, with ``--inference``,
+the inference engine's batched prefill and decode (float32 vs bf16 matmuls).
 
-The trainer autocasts to bf16 on CPU (``bf16: true``) only where the CPU multiplies bf16 in hardware
-(AVX512-BF16 or AMX, `agentgym.trainer.policy.cpu_has_bf16_units`); elsewhere oneDNN emulates it and
-the update runs several times slower than in float32. This script prints what this CPU has and the
-measured ratio, the figure behind that rule.
+The trainer autocasts to bf16 on CPU (``bf16: true``), and the engine serving ``--dtype bfloat16`` runs its matmuls
+in bf16, only where the CPU multiplies bf16 in hardware (AVX512-BF16 or AMX, `agentgym.cpus.cpu_has_bf16_units`);
+elsewhere oneDNN emulates it and both run several times slower than in float32. This script prints what this CPU
+has and the measured ratios, the figures behind that rule. The inference rounds alternate between the two engines
+(both loaded at once); each round sends `--sequences` distinct prompts of `--prompt-tokens` random ids at once,
+first for one new token (prefill), then for `--new-tokens` (prefill + decode).
 
 Usage: python benchmarks/cpu_bf16_bench.py [--tokens 2048] [--repeats 3]
+       python benchmarks/cpu_bf16_bench.py --inference --model builtin:smollm2-135m [--sequences 16]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
+from agentgym.cpus import cpu_has_bf16_units
 from agentgym.inference.models import resolve_model
-from agentgym.trainer.policy import cpu_has_bf16_units
 
 
 def forward_backward_seconds(model: torch.nn.Module, ids: torch.Tensor, dtype: torch.dtype | None) -> float:
@@ -33,12 +39,75 @@ def forward_backward_seconds(model: torch.nn.Module, ids: torch.Tensor, dtype: t
     return time.perf_counter() - started
 
 
+def engine_round_seconds(engine: Any, prompts: list[list[int]], new_tokens: int) -> float:
+    """Wall time of generating `new_tokens` for every prompt at once (greedy, no early end)."""
+    from agentgym.inference.sampling import SamplingParams
+
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+
+    async def run() -> None:
+        await asyncio.gather(*(engine.generate(prompt, params) for prompt in prompts))
+
+    started = time.perf_counter()
+    asyncio.run(run())
+    return time.perf_counter() - started
+
+
+def inference(args: argparse.Namespace) -> None:
+    """Median prefill and prefill+decode times of a float32 and a bfloat16 engine, rounds interleaved."""
+    from agentgym.inference.engine import Engine
+
+    # No prefix cache: every round must prefill its prompts again.
+    engines = {
+        dtype: Engine.from_name(
+            args.model, device="cpu", dtype=dtype, max_batch_size=args.sequences, prefix_cache_tokens=0
+        )
+        for dtype in ("float32", "bfloat16")
+    }
+    print(f"# engine, {args.model}: {args.sequences} sequences of {args.prompt_tokens} prompt tokens at once")
+    if engines["bfloat16"].matmul_dtype is None:
+        print("bfloat16 computes in float32 on this CPU (no bf16 units): nothing to compare")
+        return
+    generator = torch.Generator().manual_seed(0)
+    vocab = engines["float32"].vocab_size
+    prompts = [
+        torch.randint(3, vocab, (args.prompt_tokens,), generator=generator).tolist() for _ in range(args.sequences)
+    ]
+    times: dict[tuple[str, int], list[float]] = {}
+    for engine in engines.values():
+        engine_round_seconds(engine, prompts[:2], 2)  # warm-up: oneDNN picks its kernels
+    for _ in range(args.repeats):
+        for new_tokens in (1, args.new_tokens):
+            for dtype, engine in engines.items():
+                times.setdefault((dtype, new_tokens), []).append(engine_round_seconds(engine, prompts, new_tokens))
+    for engine in engines.values():
+        engine.close()
+    medians = {key: statistics.median(values) for key, values in times.items()}
+    for dtype in engines:
+        prefill = medians[(dtype, 1)]
+        decode = (medians[(dtype, args.new_tokens)] - prefill) / (args.new_tokens - 1)
+        print(
+            f"{dtype:>9}: prefill {prefill:.2f} s ({args.sequences * args.prompt_tokens / prefill:.0f} tokens/s),"
+            f" decode step {decode * 1000:.0f} ms ({args.sequences / decode:.0f} tokens/s), medians of {args.repeats}"
+        )
+    prefill_ratio = medians[("float32", 1)] / medians[("bfloat16", 1)]
+    fp32_decode = medians[("float32", args.new_tokens)] - medians[("float32", 1)]
+    bf16_decode = medians[("bfloat16", args.new_tokens)] - medians[("bfloat16", 1)]
+    print(f"bf16 speed-up: prefill {prefill_ratio:.2f}x, decode {fp32_decode / bf16_decode:.2f}x")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="builtin:tiny")
     parser.add_argument("--tokens", type=int, default=2048, help="one packed row, as in the learning check")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--inference", action="store_true", help="also time the inference engine")
+    parser.add_argument("--sequences", type=int, default=16, help="concurrent sequences of an inference round")
+    parser.add_argument("--prompt-tokens", type=int, default=400)
+    parser.add_argument("--new-tokens", type=int, default=32)
     args = parser.parse_args(argv)
+    if min(args.tokens, args.repeats, args.sequences, args.prompt_tokens) < 1 or args.new_tokens < 2:
+        parser.error("--tokens, --repeats, --sequences and --prompt-tokens must be >= 1, --new-tokens >= 2")
 
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -62,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name:>14}: forward+backward {medians[name]:.2f} s median of {args.repeats}")
     ratio = medians["bf16 autocast"] / medians["float32"]
     print(f"bf16 / float32 time: {ratio:.2f}x ({'bf16 faster' if ratio < 1 else 'float32 faster'})")
+    if args.inference:
+        inference(args)
     return 0
 
 

@@ -8,12 +8,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, Qwen2Config, Qwen3Config
 
+from agentgym.inference import weights as weights_module
 from agentgym.inference.decoder import LeanDecoder
 from agentgym.inference.engine import Engine
 from agentgym.inference.kv import GrowingLayer
 from agentgym.inference.models import tiny_model_dir
 from agentgym.inference.sampling import SamplingParams
-from agentgym.inference.weights import cache_argument
+from agentgym.inference.weights import cache_argument, cpu_matmul_dtype
 
 
 def growing_cache(model: Any) -> Any:
@@ -154,3 +155,66 @@ def test_the_engine_generates_the_same_tokens_with_either_forward(monkeypatch: p
         finally:
             engine.close()
     assert results["1"] == results["0"]
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_qwen2], ids=["llama-tied-head", "qwen2-biases"])
+def test_bf16_matmuls_compute_what_the_trainers_autocast_computes(build: Any) -> None:
+    """bf16 matmuls over float32 norms, RoPE, residual stream and logits: transformers' forward under CPU bf16
+    autocast (the trainer's bf16) to float rounding, much closer to it than either is to float32."""
+    model = build()
+    reference = build()  # float32 weights: the lean pass converts `model`'s projections in place
+    lean = LeanDecoder.for_model(model, torch.bfloat16)
+    assert lean is not None
+    vocab = int(model.config.vocab_size)
+    generator = torch.Generator().manual_seed(2)
+    ids, mask, positions = left_padded([7, 12, 3], vocab, generator)
+    with torch.inference_mode():
+        ours = lean.forward(ids, mask, positions, growing_cache(model))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast = hf_logits(reference, ids, mask, positions, growing_cache(reference))
+        full = hf_logits(reference, ids, mask, positions, growing_cache(reference))
+    real = (ours - autocast).abs().max().item()
+    assert ours.dtype == torch.float32 and real <= 0.25 * (full - autocast).abs().max().item(), real
+    # The projections now hold bf16; the embedding (and so a tied head's source) stays float32.
+    assert model.model.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
+    assert lean.lm_head.dtype == torch.bfloat16 and model.model.embed_tokens.weight.dtype == torch.float32
+
+
+def test_bfloat16_means_bf16_matmuls_only_on_a_cpu_with_bf16_units(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(weights_module, "cpu_has_bf16_units", lambda: True)
+    assert cpu_matmul_dtype(cpu, "bfloat16") == torch.bfloat16
+    assert cpu_matmul_dtype(cpu, "float32") is None and cpu_matmul_dtype(cpu, None) is None
+    assert cpu_matmul_dtype(torch.device("cuda"), "bfloat16") is None  # GPUs: bf16 parameters (pick_dtype)
+    monkeypatch.setattr(weights_module, "cpu_has_bf16_units", lambda: False)  # emulated bf16: float32
+    assert cpu_matmul_dtype(cpu, "bfloat16") is None
+
+
+def test_a_bf16_engine_samples_with_autocasts_logprobs_and_caches_twice_the_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+
+    monkeypatch.setattr(weights_module, "cpu_has_bf16_units", lambda: True)  # the bf16 path on any CPU
+    engines = {dtype: Engine(tiny_model_dir(), device="cpu", dtype=dtype, max_batch_size=4) for dtype in DTYPES}
+    try:
+        assert engines["bfloat16"].matmul_dtype == torch.bfloat16 and engines["float32"].matmul_dtype is None
+        # KV is kept in bf16: the same prefix-cache bytes hold twice the tokens.
+        assert engines["bfloat16"].prefix_cache_tokens == 2 * engines["float32"].prefix_cache_tokens
+        prompt = list(range(10, 40))
+        params = SamplingParams(max_tokens=6, temperature=1.0, seed=3)
+        sample = asyncio.run(engines["bfloat16"].generate(prompt, params)).samples[0]
+    finally:
+        for engine in engines.values():
+            engine.close()
+    # Its logprobs are the trainer's: transformers' forward under bf16 autocast over the same ids.
+    reference = tiny_llama()
+    ids = torch.tensor([prompt + sample.token_ids])
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = reference(input_ids=ids).logits.float()
+    expected = torch.log_softmax(logits[0, len(prompt) - 1 : -1], -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
+    # (5e-4 here; a float32 engine is 4e-3 away.)
+    torch.testing.assert_close(torch.tensor(sample.logprobs), expected, atol=1.5e-3, rtol=0)
+
+
+DTYPES = ("float32", "bfloat16")

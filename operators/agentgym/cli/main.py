@@ -644,7 +644,15 @@ def inference_serve(
     batch_window_ms: Annotated[float, typer.Option(min=0, help="Wait this long to gather a batch")] = 5.0,
     max_model_len: Annotated[int | None, typer.Option(min=16, help="Context cap (default: the model's)")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N")] = "auto",
-    dtype: Annotated[str, typer.Option(help="GPU dtype: bfloat16, float16, float32 (CPU: float32)")] = "bfloat16",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help=(
+                "bfloat16, float16, float32; on CPU, bfloat16 is bf16 matmuls over float32 weights where the CPU"
+                " has bf16 units (AVX512-BF16, AMX), float32 elsewhere"
+            )
+        ),
+    ] = "bfloat16",
     threads: Annotated[
         int | None,
         typer.Option(

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from agentgym.allocator import retain_freed_memory
+from agentgym.cpus import cpu_has_bf16_units
 from agentgym.trainer.backend import OptimizerSettings, PolicyEngine, TorchEngine
 from agentgym.trainer.batch import TrainBatch
 from agentgym.trainer.config import RLTrainerConfig
@@ -44,16 +45,6 @@ _TOKENIZER_FILES = (
     "vocab.json",
     "merges.txt",
 )
-
-
-def cpu_has_bf16_units() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX tiles).
-
-    Without them oneDNN emulates bf16 matmuls: a tiny-model forward/backward measured 33x slower than in
-    float32 on a 2-core AVX2 EPYC (``benchmarks/cpu_bf16_bench.py``); with them a learning-check update was
-    1.06x faster than float32 on an AVX512-BF16 Xeon (``benchmarks/packed_attention_bench.py``).
-    """
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def enable_activation_checkpointing(model: nn.Module) -> None:

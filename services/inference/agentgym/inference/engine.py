@@ -51,7 +51,9 @@ steps. Requests still queued at that moment run on the new weights. Every result
 
 Forward passes of Llama-shaped models (Llama, SmolLM2, Qwen2) run through `decoder.LeanDecoder`, the same
 function as transformers' forward in far fewer Python steps (about half a small model's decode step was
-framework overhead); other models use transformers' forward.
+framework overhead); other models use transformers' forward. `dtype="bfloat16"` on a CPU with bf16 units (AVX512-BF16
+or AMX) runs the lean pass's matmuls in bf16 over float32 parameters, norms and logits, as the trainer's bf16
+autocast does; on other CPUs, and for `float32`, everything is float32.
 
 Modules: `decoder` (the lean forward pass), `batching` (requests, sequences, the running batch and its
 bookkeeping), `sampling` (sampling parameters, the token sampler), `weights` (loading models and new weights),
@@ -114,6 +116,7 @@ from agentgym.inference.sampling import (
 )
 from agentgym.inference.weights import (
     cache_argument,
+    cpu_matmul_dtype,
     eos_ids,
     growable_cache,
     kv_bytes_per_token,
@@ -129,12 +132,12 @@ LEAN_DECODER_VARIABLE = "AGENTGYM_LEAN_DECODER"
 """Set to 0 to run every forward pass through transformers' own forward (the lean one is on by default)."""
 
 
-def lean_decoder(model: Any, growable: bool) -> LeanDecoder | None:
-    """The lean forward pass for `model` (`decoder.LeanDecoder`) when its shape has one and its KV cache is the
-    engine's growing layers; None to use transformers' forward."""
+def lean_decoder(model: Any, growable: bool, matmul_dtype: torch.dtype | None = None) -> LeanDecoder | None:
+    """The lean forward pass for `model` (`decoder.LeanDecoder`, its matmuls in `matmul_dtype` when given) when
+    its shape has one and its KV cache is the engine's growing layers; None to use transformers' forward."""
     if not growable or os.environ.get(LEAN_DECODER_VARIABLE, "1") == "0":
         return None
-    return LeanDecoder.for_model(model)
+    return LeanDecoder.for_model(model, matmul_dtype)
 
 
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
@@ -199,6 +202,7 @@ class Engine:
         self.served_model_name = served_model_name or str(model_dir)
         self.device = pick_device(device)
         self.dtype = pick_dtype(self.device, dtype)
+        self.matmul_dtype = cpu_matmul_dtype(self.device, dtype)
         self.max_batch_size = max_batch_size
         self.batch_window_s = batch_window_ms / 1000.0
         self.metrics = metrics or InferenceMetrics()
@@ -221,9 +225,20 @@ class Engine:
         self._version = policy_version
         self.metrics.policy_version.set(policy_version)
         self._growable = growable_cache(self._model)
-        self._lean = lean_decoder(self._model, self._growable)
+        self._lean = lean_decoder(self._model, self._growable, self.matmul_dtype)
+        if self._lean is None and self.matmul_dtype is not None:
+            log.warning("bf16 matmuls need the lean forward pass (a Llama-shaped model): computing in float32")
+            self.matmul_dtype = None
+        if dtype == "bfloat16" and self.device.type == "cpu":
+            log.info(
+                "bfloat16 on CPU: %s",
+                "bf16 matmuls over float32 parameters, norms and logits"
+                if self.matmul_dtype is not None
+                else "float32 (bf16 runs only on a CPU with bf16 units, AVX512-BF16 or AMX, with a Llama-shaped model)",
+            )
         if prefix_cache_tokens is None:
-            prefix_cache_tokens = DEFAULT_PREFIX_CACHE_BYTES // kv_bytes_per_token(self._model, self.dtype)
+            kv_dtype = self.matmul_dtype or self.dtype
+            prefix_cache_tokens = DEFAULT_PREFIX_CACHE_BYTES // kv_bytes_per_token(self._model, kv_dtype)
         self.prefix_cache_tokens = prefix_cache_tokens
         self._prefix = PrefixCache(prefix_cache_tokens, prefix_block_size)
         self.metrics.prefix_cache_capacity.set(prefix_cache_tokens if self._caching else 0)
@@ -416,7 +431,7 @@ class Engine:
         self._version = swap.version
         self.eos_token_ids = eos_ids(self._model, self.tokenizer)
         self._growable = growable_cache(self._model)
-        self._lean = lean_decoder(self._model, self._growable)
+        self._lean = lean_decoder(self._model, self._growable, self.matmul_dtype)
         self.metrics.prefix_cache_capacity.set(self._prefix.max_tokens if self._caching else 0)
         # KV computed by the old weights must never serve the new ones.
         dropped = self._prefix.clear()

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from agentgym.cpus import cpu_has_bf16_units
 from agentgym.inference.errors import WeightLoadError
 
 
@@ -18,10 +19,20 @@ def pick_device(device: str | None = None) -> torch.device:
 
 
 def pick_dtype(device: torch.device, dtype: str | None = None) -> torch.dtype:
-    """float32 on CPU (whatever is asked: CPU half precision is slow and imprecise), else as asked (bf16)."""
+    """The parameters' dtype: float32 on CPU (whatever is asked: bfloat16 there means bf16 matmuls over float32
+    parameters where the CPU has bf16 units, `cpu_matmul_dtype`), else as asked (bf16)."""
     if device.type == "cpu":
         return torch.float32
     return {"float32": torch.float32, "float16": torch.float16}.get(dtype or "bfloat16", torch.bfloat16)
+
+
+def cpu_matmul_dtype(device: torch.device, dtype: str | None) -> torch.dtype | None:
+    """bf16 for the matmuls of a CPU engine asked for ``bfloat16`` on a CPU with bf16 units (AVX512-BF16 or
+    AMX; parameters, norms and logits stay float32, `decoder.LeanDecoder`); None: float32 throughout (other
+    dtypes, GPUs, or a CPU that would emulate bf16 several times slower, `agentgym.cpus.cpu_has_bf16_units`)."""
+    if device.type != "cpu" or dtype != "bfloat16" or not cpu_has_bf16_units():
+        return None
+    return torch.bfloat16
 
 
 def _quiet_transformers() -> None:
