@@ -48,7 +48,9 @@ class ModelSpec(SpecModel):
     tokenizer: str | None = None
     """Tokenizer location when it differs from `name`."""
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
-    """Training/inference precision (CPU runs use float32 whatever is set here)."""
+    """Training/inference precision. CPU parameters stay float32: there `bfloat16` makes the HF inference engine's
+    matmuls bf16 where the CPU has bf16 units (AVX512-BF16, AMX; float32 elsewhere); the trainer's CPU precision is
+    `trainer.bf16`."""
     max_context_tokens: int = Field(default=4096, ge=256)
     """Episodes end cleanly before a trajectory outgrows this many tokens."""
 
