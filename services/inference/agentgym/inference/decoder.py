@@ -46,6 +46,8 @@ def _fuse(linears: list[nn.Linear], dtype: torch.dtype | None = None) -> tuple[t
     """One [sum(out), in] matrix (and bias) holding these projections, in `dtype` (default: theirs); each Linear's
     weight becomes a view of it."""
     dtype = dtype or linears[0].weight.dtype
+    if len(linears) == 1 and linears[0].weight.dtype == dtype:  # nothing to fuse or convert: no copy
+        return linears[0].weight, linears[0].bias
     weight = torch.cat([linear.weight.detach() for linear in linears], dim=0).to(dtype).contiguous()
     has_bias = [linear.bias is not None for linear in linears]
     if any(has_bias) and not all(has_bias):
