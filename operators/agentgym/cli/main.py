@@ -376,7 +376,12 @@ def env_serve(
     never_stepped_timeout: Annotated[
         float, typer.Option(min=0.1, help="Seconds before an episode opened and never stepped is reaped")
     ] = 60.0,
-    step_timeout: Annotated[float, typer.Option(min=0.01, help="Seconds one step may take")] = 30.0,
+    step_timeout: Annotated[
+        float, typer.Option(min=0.01, help="Seconds one step may take once a worker thread runs it")
+    ] = 30.0,
+    worker_wait_timeout: Annotated[
+        float, typer.Option(min=0.01, help="Seconds a call may wait for a free worker thread")
+    ] = 60.0,
     settings: Annotated[list[str] | None, typer.Option("--set", help="Environment setting KEY=VALUE")] = None,
     log_level: str = "info",
 ) -> None:
@@ -393,6 +398,7 @@ def env_serve(
         idle_timeout_s=idle_timeout,
         never_stepped_timeout_s=never_stepped_timeout,
         step_timeout_s=step_timeout,
+        worker_wait_timeout_s=worker_wait_timeout,
     )
     err_console.print(
         f"serving [bold]{name}[/] on http://{host}:{port} (docs: /docs)"

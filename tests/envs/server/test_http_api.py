@@ -156,6 +156,38 @@ async def test_step_timeout_fails_the_episode(client: httpx.AsyncClient) -> None
     assert (await client.get("/healthz")).status_code == 200
 
 
+async def test_step_timeout_counts_from_when_a_worker_starts_the_step() -> None:
+    # 12 steps of 0.4 s on 4 workers: the last ones wait 0.8 s for a worker and run 0.4 s, inside the
+    # 1 s step timeout only because the wait is not counted.
+    manager = make_manager(max_episodes=12, step_timeout_s=1.0, worker_threads=4)
+    await manager.start()
+    episodes = [(await manager.open("count/1"))[0].episode_id for _ in range(12)]
+    results = await asyncio.gather(*(manager.step(eid, "hang 0.4") for eid in episodes))
+    assert [result.info.get("failed", False) for result in results] == [False] * 12
+    waits = manager.metrics.worker_wait_seconds.collect()[0].samples
+    assert next(s.value for s in waits if s.name.endswith("_count")) >= 12
+    assert next(s.value for s in waits if s.name.endswith("_sum")) > 0.8  # some of them did wait
+    await manager.stop()
+
+
+async def test_a_call_waiting_too_long_for_a_worker_fails_its_episode_unstarted() -> None:
+    manager = make_manager(step_timeout_s=5.0, worker_threads=1, worker_wait_timeout_s=0.2)
+    await manager.start()
+    busy = (await manager.open("count/2"))[0].episode_id
+    waiting = (await manager.open("count/2"))[0].episode_id
+    hanging = asyncio.create_task(manager.step(busy, "hang 0.6"))
+    await asyncio.sleep(0.05)  # the only worker is in the hanging step
+    result = await manager.step(waiting, "tick")
+    assert result.done and result.info["failed"] is True
+    assert result.info["error"] == "waited 0.2s for a free worker thread (all 1 busy)"
+    assert (await hanging).info.get("failed", False) is False  # the busy one finished in its own time
+    await asyncio.sleep(0.1)
+    assert manager.get(waiting).steps == 0  # the dropped call never ran
+    failed = manager.metrics.failed.labels("countdown", "worker_wait")._value.get()
+    assert failed == 1
+    await manager.stop()
+
+
 async def test_capacity_is_429() -> None:
     manager = make_manager(max_episodes=2)
     await manager.start()

@@ -2,8 +2,10 @@
 
 The manager owns the bounds: a cap on live episodes, an idle timeout (and a shorter one for episodes
 opened and never stepped), a per-step timeout, and a thread pool so that CPU-bound environment code
-never runs on the event loop. An exception inside an episode (or a step that outlives its timeout)
-ends *that* episode as failed, with the reason; the service and every other episode carry on.
+never runs on the event loop. A call's timeout counts from when a worker thread starts it: waiting for a
+free worker is the service being busy, not the environment hanging, and has its own, longer bound.
+An exception inside an episode (or a step that outlives its timeout) ends *that* episode as failed,
+with the reason; the service and every other episode carry on.
 
 Closing an episode while a call on it runs (a step, a reset) takes it out of the table at once (its
 id is unknown from then on, its place under the cap is free) but closes its environment only when
@@ -18,6 +20,7 @@ import contextlib
 import itertools
 import logging
 import secrets
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -63,6 +66,10 @@ class EpisodeClosedError(EpisodeStateError):
         super().__init__(f"episode {episode_id!r} was closed while this call was in flight; its outcome is discarded")
 
 
+class WorkerWaitTimeoutError(TimeoutError):
+    """A call waited past `worker_wait_timeout_s` for a free worker thread and was dropped unstarted."""
+
+
 class EnvironmentCrashError(RuntimeError):
     """The environment raised while resetting; the episode is discarded."""
 
@@ -78,6 +85,11 @@ class ManagerConfig:
     never_stepped_timeout_s: float = 60.0
     step_timeout_s: float = 30.0
     reset_timeout_s: float = 120.0
+    # How long a call may wait for a free worker thread before its episode fails. Rollouts step all
+    # their episodes at once after a batched decode, so a burst of calls queues behind the workers; on a
+    # busy 2-core machine 64 WebArena episodes waited ~30 s and, when the step timeout counted that wait,
+    # a quarter of an eval's episodes ended as "timed out". The rollout client gives up after 60 s.
+    worker_wait_timeout_s: float = 60.0
     # Few threads, not one per episode: they also bound how many calls hit the engine at once (64 WebArena
     # resets at once timed out Chromium's page loads). So no environment call may wait long for another
     # episode (the SciWorld pool starts a slot rather than wait for a free one).
@@ -141,6 +153,13 @@ class ServiceMetrics:
             ["environment"],
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        ).labels(**labels)
+        self.worker_wait_seconds = Histogram(
+            "agentgym_env_worker_wait_seconds",
+            "Time a call waited for a free worker thread",
+            ["environment"],
+            registry=self.registry,
+            buckets=(0.001, 0.01, 0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60),
         ).labels(**labels)
         self.environment = environment
 
@@ -281,14 +300,15 @@ class EpisodeManager:
                 result = await self._in_thread(lambda: episode.env.step(action), self.config.step_timeout_s)
             except Exception as error:
                 self._check_open(episode)  # closed meanwhile: not an environment failure
-                reason = (
-                    f"step timed out after {self.config.step_timeout_s:g}s"
-                    if isinstance(error, TimeoutError)
-                    else f"environment error: {_describe(error)}"
-                )
+                if isinstance(error, WorkerWaitTimeoutError):
+                    reason = str(error)
+                elif isinstance(error, TimeoutError):
+                    reason = f"step timed out after {self.config.step_timeout_s:g}s"
+                else:
+                    reason = f"environment error: {_describe(error)}"
                 self._fail(episode, reason, error)
                 return StepResult(
-                    observation=f"The episode ended because of an {reason}.",
+                    observation=f"The episode ended: {reason}.",
                     reward=0.0,
                     done=True,
                     score=episode.score,
@@ -396,7 +416,12 @@ class EpisodeManager:
     def _fail(self, episode: Episode, reason: str, error: BaseException) -> None:
         episode.status = "failed"
         episode.failure = reason
-        kind = "timeout" if isinstance(error, TimeoutError) else type(error).__name__
+        if isinstance(error, WorkerWaitTimeoutError):
+            kind = "worker_wait"
+        elif isinstance(error, TimeoutError):
+            kind = "timeout"
+        else:
+            kind = type(error).__name__
         self.metrics.failed.labels(self.environment, kind).inc()
         log.warning("episode %s (%s) failed: %s", episode.episode_id, episode.task_id, reason)
         # A broken instance may hold a dead process or be mid-step in a thread: replace it.
@@ -404,8 +429,46 @@ class EpisodeManager:
         self._executor.submit(_close_quietly, broken)
 
     async def _in_thread(self, fn: Callable[[], T], timeout: float) -> T:
+        """`fn()` on a worker thread, allowed `timeout` seconds from when a worker starts it.
+
+        Raises WorkerWaitTimeoutError (the call never ran) when no worker is free within
+        `worker_wait_timeout_s`, TimeoutError when the call outlives `timeout` (its thread runs on)."""
         loop = asyncio.get_running_loop()
-        return await asyncio.wait_for(loop.run_in_executor(self._executor, fn), timeout)
+        started: asyncio.Future[None] = loop.create_future()
+        # A worker starting the call and the loop dropping it decide under this lock, exactly once.
+        gate = threading.Lock()
+        state = {"started": False, "dropped": False}
+
+        def run() -> T:
+            with gate:
+                if state["dropped"]:
+                    raise asyncio.CancelledError
+                state["started"] = True
+            # Scheduled before the call's own result, so the loop sees `started` first.
+            loop.call_soon_threadsafe(_resolve, started)
+            return fn()
+
+        queued_at = time.perf_counter()
+        call = loop.run_in_executor(self._executor, run)
+        first: set[asyncio.Future[Any]] = {started, call}
+        try:
+            await asyncio.wait(first, timeout=self.config.worker_wait_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the caller went away
+            with gate:
+                state["dropped"] = not state["started"]
+            if state["dropped"]:
+                call.cancel()
+            raise
+        with gate:
+            state["dropped"] = not state["started"]
+        self.metrics.worker_wait_seconds.observe(time.perf_counter() - queued_at)
+        if state["dropped"]:
+            call.cancel()
+            raise WorkerWaitTimeoutError(
+                f"waited {self.config.worker_wait_timeout_s:g}s for a free worker thread "
+                f"(all {self.config.worker_threads} busy)"
+            )
+        return await asyncio.wait_for(call, timeout)
 
     async def _discard(self, episode_id: str, reason: str) -> None:
         episode = self._episodes.pop(episode_id, None)
@@ -489,7 +552,14 @@ def _close_quietly(env: Environment) -> None:
 
 
 def _describe(error: BaseException) -> str:
+    if isinstance(error, WorkerWaitTimeoutError):
+        return str(error)
     if isinstance(error, TimeoutError):
         return "timed out"
     text = str(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
