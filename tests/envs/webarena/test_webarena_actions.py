@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentgym.envs.webarena.actions import ActionParseError, BrowserAction, parse_action
 
@@ -48,6 +52,8 @@ def test_parses(text: str, expected: BrowserAction) -> None:
         ("goto []", "needs a URL"),
         ("press []", "needs keys"),
         ("fly [3]", "Unknown action"),
+        ("[12] Submit", "Unknown action"),  # no verb before the bracket (a tiny policy's reply; was an IndexError)
+        ("  [", "Unknown action"),
     ],
 )
 def test_malformed_actions_say_why(text: str, fragment: str) -> None:
@@ -55,6 +61,15 @@ def test_malformed_actions_say_why(text: str, fragment: str) -> None:
         parse_action(text)
     assert fragment in str(raised.value)
     assert "Valid actions" in str(raised.value) or fragment in ("tab index", "needs a URL")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("[]` \n\tclicktype0123 stopgoto_")), max_size=40) | st.text(max_size=40))
+def test_any_text_parses_or_says_why(text: str) -> None:
+    # A reply is the policy's free text: anything but ActionParseError would fail the episode as an
+    # environment error instead of telling the agent what is valid.
+    with contextlib.suppress(ActionParseError):
+        parse_action(text)
 
 
 def test_round_trip_through_str() -> None:

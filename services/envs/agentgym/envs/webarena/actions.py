@@ -121,7 +121,8 @@ def parse_action(text: str) -> BrowserAction:
                 raise ActionParseError("goto needs a URL, e.g. goto [http://example.com/page].")
             return BrowserAction(kind="goto", url=argument)
         return BrowserAction(kind="stop", answer=argument)
-    verb = action.split("[", 1)[0].split()[0].lower() if action.split() else action
+    words = action.split("[", 1)[0].split()  # none when the reply starts with a bracket, e.g. "[12] Submit"
+    verb = words[0].lower() if words else ""
     if verb in ("click", "hover", "type"):
         raise ActionParseError(
             f"Could not parse {action!r}: {verb} needs an element id from the page in brackets, "
