@@ -263,3 +263,28 @@ def test_expert_demonstrates() -> None:
     assert expert.solvable("miniwob/enter-text/3") and not expert.solvable("miniwob/navigate-tree/3")
     actions = expert.demonstrate("miniwob/enter-text/3")
     assert actions[0].startswith("type [") and actions[-1].startswith("click [")
+
+
+def test_sft_data_from_the_observing_expert_is_its_demonstrations_replayed() -> None:
+    # The expert chooses each action inside the SFT replay's own episode (one play of each task, not a
+    # demonstration played and then replayed): the examples must be what the replay would have built.
+    from agentgym.envs.base import ObservingExpert
+    from agentgym.inference.models import load_tokenizer, resolve_model
+    from agentgym.rollout.tokens import ChatTokenizer
+    from agentgym.trainer.sft import SFTBuildReport, expert_sft_examples
+
+    class DemonstrateOnly:  # the same solvers, seen as an Expert that only demonstrates
+        def __init__(self) -> None:
+            self.expert = WebArenaExpert()
+
+        def demonstrate(self, task_id: str) -> list[str]:
+            return self.expert.demonstrate(task_id)
+
+    assert isinstance(WebArenaExpert(), ObservingExpert) and not isinstance(DemonstrateOnly(), ObservingExpert)
+    chat = ChatTokenizer(load_tokenizer(resolve_model("builtin:tiny")))
+    tasks = ["miniwob/enter-text/3", "miniwob/click-checkboxes/5", "miniwob/login-user/7", "miniwob/click-link/2"]
+    observed, replayed = SFTBuildReport(), SFTBuildReport()
+    once = expert_sft_examples("webarena", tasks, chat, report=observed)
+    twice = expert_sft_examples("webarena", tasks, chat, make_expert=lambda _: DemonstrateOnly(), report=replayed)
+    assert observed == replayed == SFTBuildReport(built=4)
+    assert once == twice

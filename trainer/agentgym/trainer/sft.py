@@ -2,7 +2,8 @@
 
 AgentGym warm-starts agents by behaviour cloning on expert trajectories (AgentTraj). Here the
 environments' scripted experts (``agentgym.envs.make_expert(name).demonstrate(task_id)``) give the
-bare actions; each is replayed in-process to get the observations, and the conversation is
+bare actions; each is replayed in-process to get the observations (an expert that reads the pages as
+it goes, ``ObservingExpert``, chooses each action inside that one episode instead), and the conversation is
 rendered with the SAME prompt template and token splicing as the rollout worker:
 
     prompt  = ChatTokenizer.prompt_ids(template.first_messages(first observation))
@@ -24,11 +25,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentgym.envs.base import ObservingExpert
 from agentgym.rollout.prompts import ActionFormat, PromptTemplate, template_for
 from agentgym.rollout.tokens import ChatTokenizer
 from agentgym.trainer.batch import SFTExample
 
 log = logging.getLogger(__name__)
+
+# An observing expert's episode ends by the environment; this bounds a solver that never finishes.
+_MAX_OBSERVED_ACTIONS = 20
 
 __all__ = ["SFTBuildReport", "default_thought", "expert_sft_examples", "render_reply", "sample_task_ids"]
 
@@ -108,6 +113,20 @@ def expert_sft_examples(
     def replay(task_id: str) -> _Replay | Exception:
         env = make_env(environment)
         try:
+            if isinstance(expert, ObservingExpert):  # it acts on this episode's pages: one play, not two
+                first = env.reset(task_id)
+                actions: list[str] = []
+                observations: list[str] = []
+                success, observation = False, first.observation
+                for _ in range(_MAX_OBSERVED_ACTIONS):
+                    actions.append(expert.next_action(task_id, first, observation, actions))
+                    result = env.step(actions[-1])
+                    observation = result.observation
+                    observations.append(observation)
+                    if result.done or result.truncated:
+                        success = bool(result.info.get("success", False))
+                        break
+                return _Replay(first.observation, actions, observations, success)
             actions = list(expert.demonstrate(task_id))
             first = env.reset(task_id)
             observations, success = [], False

@@ -15,7 +15,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 
 class UnknownTaskError(KeyError):
@@ -129,3 +129,16 @@ class Expert(Protocol):
     """A scripted solver: the bare actions that solve a task, for tests, demos and SFT data."""
 
     def demonstrate(self, task_id: str) -> list[str]: ...
+
+
+@runtime_checkable
+class ObservingExpert(Protocol):
+    """An expert that reads the page as it goes (WebArena's solvers): besides `demonstrate`, which plays
+    an episode of its own, it can choose each action inside an episode someone else runs, so that
+    building SFT data plays each task once, not twice."""
+
+    def demonstrate(self, task_id: str) -> list[str]: ...
+
+    def next_action(self, task_id: str, first: ResetResult, observation: str, actions: Sequence[str]) -> str:
+        """The action after `actions`, on `observation`; `first` is the episode's reset."""
+        ...

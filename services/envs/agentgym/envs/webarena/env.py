@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -353,17 +353,13 @@ class WebArenaExpert:
         return task_id.startswith("miniwob/") and parse_task_id(task_id).name in SOLVERS
 
     def demonstrate(self, task_id: str) -> list[str]:
-        task: MiniWoBTask = parse_task_id(task_id)
-        solver = SOLVERS.get(task.name)
-        if solver is None:
-            raise UnknownTaskError(f"no scripted solver for {task.name!r}; solvers: {', '.join(sorted(SOLVERS))}")
+        _solver_for(task_id)  # an unsolved task fails before a browser is started
         env = WebArenaEnv(**self.settings)
         try:
             first = env.reset(task_id)
-            objective = str(first.info["objective"])
             observation, actions = first.observation, list[str]()
             for _ in range(20):
-                action = solver(objective, observation, actions)
+                action = self.next_action(task_id, first, observation, actions)
                 actions.append(action)
                 result = env.step(action)
                 observation = result.observation
@@ -372,6 +368,17 @@ class WebArenaExpert:
             return actions
         finally:
             env.close()
+
+    def next_action(self, task_id: str, first: ResetResult, observation: str, actions: Sequence[str]) -> str:
+        return _solver_for(task_id)(str(first.info["objective"]), observation, list(actions))
+
+
+def _solver_for(task_id: str) -> Solver:
+    task: MiniWoBTask = parse_task_id(task_id)
+    solver = SOLVERS.get(task.name)
+    if solver is None:
+        raise UnknownTaskError(f"no scripted solver for {task.name!r}; solvers: {', '.join(sorted(SOLVERS))}")
+    return solver
 
 
 def run_solver(
