@@ -268,3 +268,13 @@ async def test_stop_closes_every_episode() -> None:
         await manager.open("count/2")
     await manager.stop()
     assert CountdownEnv.closed - closed_before == 3
+
+
+@pytest.mark.parametrize("option", ["--step-timeout", "--worker-wait-timeout"])
+def test_env_serve_refuses_a_timeout_below_its_bound_before_starting(option: str) -> None:
+    from typer.testing import CliRunner
+
+    from agentgym.cli.main import app
+
+    refused = CliRunner().invoke(app, ["env", "serve", "countdown-not-needed", option, "0"])
+    assert refused.exit_code == 2 and option in refused.output

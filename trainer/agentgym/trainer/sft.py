@@ -25,15 +25,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentgym.envs.base import ObservingExpert
+from agentgym.envs.base import ObservingExpert, play_expert
 from agentgym.rollout.prompts import ActionFormat, PromptTemplate, template_for
 from agentgym.rollout.tokens import ChatTokenizer
 from agentgym.trainer.batch import SFTExample
 
 log = logging.getLogger(__name__)
-
-# An observing expert's episode ends by the environment; this bounds a solver that never finishes.
-_MAX_OBSERVED_ACTIONS = 20
 
 __all__ = ["SFTBuildReport", "default_thought", "expert_sft_examples", "render_reply", "sample_task_ids"]
 
@@ -114,19 +111,8 @@ def expert_sft_examples(
         env = make_env(environment)
         try:
             if isinstance(expert, ObservingExpert):  # it acts on this episode's pages: one play, not two
-                first = env.reset(task_id)
-                actions: list[str] = []
-                observations: list[str] = []
-                success, observation = False, first.observation
-                for _ in range(_MAX_OBSERVED_ACTIONS):
-                    actions.append(expert.next_action(task_id, first, observation, actions))
-                    result = env.step(actions[-1])
-                    observation = result.observation
-                    observations.append(observation)
-                    if result.done or result.truncated:
-                        success = bool(result.info.get("success", False))
-                        break
-                return _Replay(first.observation, actions, observations, success)
+                episode = play_expert(expert, env, task_id)
+                return _Replay(episode.first.observation, episode.actions, episode.observations, episode.success)
             actions = list(expert.demonstrate(task_id))
             first = env.reset(task_id)
             observations, success = [], False

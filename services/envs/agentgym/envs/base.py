@@ -142,3 +142,30 @@ class ObservingExpert(Protocol):
     def next_action(self, task_id: str, first: ResetResult, observation: str, actions: Sequence[str]) -> str:
         """The action after `actions`, on `observation`; `first` is the episode's reset."""
         ...
+
+
+@dataclass
+class ExpertEpisode:
+    """An observing expert's play of one task: what it saw and did."""
+
+    first: ResetResult
+    actions: list[str]
+    observations: list[str]  # after each action
+    success: bool
+
+
+def play_expert(expert: ObservingExpert, env: Environment, task_id: str, max_actions: int = 20) -> ExpertEpisode:
+    """Reset `env` to `task_id` and let `expert` act until the episode ends (or `max_actions`, for a solver
+    that never finishes)."""
+    first = env.reset(task_id)
+    episode = ExpertEpisode(first, [], [], False)
+    observation = first.observation
+    for _ in range(max_actions):
+        episode.actions.append(expert.next_action(task_id, first, observation, episode.actions))
+        result = env.step(episode.actions[-1])
+        observation = result.observation
+        episode.observations.append(observation)
+        if result.done or result.truncated:
+            episode.success = bool(result.info.get("success", False))
+            break
+    return episode

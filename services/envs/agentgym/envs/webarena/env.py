@@ -46,6 +46,7 @@ from agentgym.envs.base import (
     StepResult,
     TaskCatalog,
     UnknownTaskError,
+    play_expert,
 )
 from agentgym.envs.webarena.actions import ActionParseError, BrowserAction, parse_action
 from agentgym.envs.webarena.browser import BrowserCrashedError, BrowserHost, BrowserSettings, shared_host
@@ -356,16 +357,7 @@ class WebArenaExpert:
         _solver_for(task_id)  # an unsolved task fails before a browser is started
         env = WebArenaEnv(**self.settings)
         try:
-            first = env.reset(task_id)
-            observation, actions = first.observation, list[str]()
-            for _ in range(20):
-                action = self.next_action(task_id, first, observation, actions)
-                actions.append(action)
-                result = env.step(action)
-                observation = result.observation
-                if result.done:
-                    break
-            return actions
+            return play_expert(self, env, task_id).actions
         finally:
             env.close()
 
