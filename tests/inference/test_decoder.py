@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, Qwen2Config, Qwen3Config
 
+from agentgym.inference import decoder as decoder_module
 from agentgym.inference import weights as weights_module
 from agentgym.inference.decoder import LeanDecoder
 from agentgym.inference.engine import Engine
@@ -178,6 +179,35 @@ def test_bf16_matmuls_compute_what_the_trainers_autocast_computes(build: Any) ->
     # The projections now hold bf16; the embedding (and so a tied head's source) stays float32.
     assert model.model.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
     assert lean.lm_head.dtype == torch.bfloat16 and model.model.embed_tokens.weight.dtype == torch.float32
+
+
+@pytest.mark.skipif(not decoder_module._onednn_bf16(), reason="oneDNN has no native bf16 matmul on this CPU")
+@pytest.mark.parametrize("build", [tiny_llama, tiny_qwen2], ids=["llama-tied-head", "qwen2-biases"])
+def test_packed_bf16_matrices_give_the_plain_bf16_logits(build: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """oneDNN's blocked layout changes where the matrices' numbers sit, not the products: prefill (left-padded
+    rows) and a decode step give the logits and KV of plain bf16 matrices."""
+    packed_model, plain_model = build(), build()
+    packed = LeanDecoder.for_model(packed_model, torch.bfloat16)
+    monkeypatch.setattr(decoder_module, "_onednn_bf16", lambda: False)
+    plain = LeanDecoder.for_model(plain_model, torch.bfloat16)
+    assert packed is not None and plain is not None
+    assert packed.layers[0].qkv.is_mkldnn and packed.lm_head.is_mkldnn and not plain.layers[0].qkv.is_mkldnn
+    vocab = int(packed_model.config.vocab_size)
+    ids, mask, positions = left_padded([7, 12, 3], vocab, torch.Generator().manual_seed(4))
+    caches = growing_cache(packed_model), growing_cache(plain_model)
+    with torch.inference_mode():
+        logits = [
+            lean.forward(ids, mask, positions, cache) for lean, cache in zip((packed, plain), caches, strict=True)
+        ]
+        torch.testing.assert_close(logits[0], logits[1], atol=1e-2, rtol=0)
+        step = torch.tensor([[5], [9], [11]])
+        mask = torch.cat([mask, torch.ones(3, 1, dtype=mask.dtype)], dim=1)
+        position = positions[:, -1:] + 1
+        logits = [
+            lean.forward(step, mask, position, cache) for lean, cache in zip((packed, plain), caches, strict=True)
+        ]
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-2, rtol=0)
+    torch.testing.assert_close(caches[0].layers[1].keys, caches[1].layers[1].keys, atol=1e-2, rtol=0)
 
 
 def test_bfloat16_means_bf16_matmuls_only_on_a_cpu_with_bf16_units(monkeypatch: pytest.MonkeyPatch) -> None:
