@@ -192,6 +192,11 @@ def test_packed_bf16_matrices_give_the_plain_bf16_logits(build: Any, monkeypatch
     plain = LeanDecoder.for_model(plain_model, torch.bfloat16)
     assert packed is not None and plain is not None
     assert packed.layers[0].qkv.is_mkldnn and packed.lm_head.is_mkldnn and not plain.layers[0].qkv.is_mkldnn
+    # The packed matrices are the only copy: the model's projections (and an untied head) are on the meta device.
+    assert packed_model.model.layers[0].mlp.down_proj.weight.is_meta
+    assert not plain_model.model.layers[0].mlp.down_proj.weight.is_meta
+    tied = bool(packed_model.config.tie_word_embeddings)
+    assert packed_model.lm_head.weight.is_meta == (not tied) and not packed_model.model.embed_tokens.weight.is_meta
     vocab = int(packed_model.config.vocab_size)
     ids, mask, positions = left_padded([7, 12, 3], vocab, torch.Generator().manual_seed(4))
     caches = growing_cache(packed_model), growing_cache(plain_model)

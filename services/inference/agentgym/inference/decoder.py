@@ -26,7 +26,8 @@ tests' models), so sampled logprobs match the trainer's at least as well as floa
 Where oneDNN multiplies bf16 natively, the bf16 matrices are also packed once into its blocked layout
 (`_pack`): `F.linear` on a plain bf16 matrix re-lays it out at every call, which at a decode step's few rows
 cost as much as the multiplication (a SmolLM2 projection 167 -> 79 us for one row, the LM head 8.9 -> 5.6 ms for
-32 rows; bit-identical results). The model's own modules keep the plain matrices (its forward still works).
+32 rows; bit-identical results). The packed matrices are then the only copy: the model's projections (and an
+untied LM head) are left on the meta device, so its own forward fails loudly rather than running on stale storage.
 
 Models of another shape (sliding windows, q/k norms, MoE, tensor-parallel splits) keep transformers' forward:
 `LeanDecoder.for_model` returns None for them. `tests/inference/test_decoder.py` checks the logits against
@@ -82,6 +83,16 @@ def _onednn_bf16() -> bool:
     return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def _pack_for(linears: list[nn.Linear], weight: torch.Tensor) -> torch.Tensor:
+    """`_pack(weight)` for these projections (whose weights view `weight`); once packed, the packed copy is the only
+    one: their weights move to the meta device and the plain matrix is freed."""
+    packed = _pack(weight)
+    if packed is not weight:
+        for linear in linears:
+            linear.weight = nn.Parameter(linear.weight.detach().to("meta"), requires_grad=False)
+    return packed
+
+
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`x W^T + b` for a plain or a packed (`_pack`) `weight`."""
     if weight.is_mkldnn:
@@ -94,11 +105,12 @@ class _Layer:
 
     def __init__(self, layer: Any, dtype: torch.dtype | None) -> None:
         attention, mlp = layer.self_attn, layer.mlp
-        qkv, self.qkv_bias = _fuse([attention.q_proj, attention.k_proj, attention.v_proj], dtype)
-        o, self.o_bias = _fuse([attention.o_proj], dtype)
-        gate_up, _ = _fuse([mlp.gate_proj, mlp.up_proj], dtype)
-        down, _ = _fuse([mlp.down_proj], dtype)
-        self.qkv, self.o, self.gate_up, self.down = _pack(qkv), _pack(o), _pack(gate_up), _pack(down)
+        groups = [attention.q_proj, attention.k_proj, attention.v_proj], [attention.o_proj]
+        qkv, self.qkv_bias = _fuse(groups[0], dtype)
+        o, self.o_bias = _fuse(groups[1], dtype)
+        self.qkv, self.o = _pack_for(groups[0], qkv), _pack_for(groups[1], o)
+        self.gate_up = _pack_for([mlp.gate_proj, mlp.up_proj], _fuse([mlp.gate_proj, mlp.up_proj], dtype)[0])
+        self.down = _pack_for([mlp.down_proj], _fuse([mlp.down_proj], dtype)[0])
         self.norm1, self.norm2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
 
 
@@ -122,6 +134,8 @@ class LeanDecoder:
         # A head tied to the embedding gets its own low-precision copy: the embedding lookup stays float32.
         head = model.lm_head.weight.detach()
         self.lm_head = head if matmul_dtype is None else _pack(head.to(matmul_dtype))
+        if self.lm_head.is_mkldnn and head.data_ptr() != self.embed.data_ptr():
+            model.lm_head.weight = nn.Parameter(head.to("meta"), requires_grad=False)  # untied: the packed one only
         self.layers = [_Layer(layer, matmul_dtype) for layer in inner.layers]
         self.q_width = self.heads * self.head_dim
         self.kv_width = self.kv_heads * self.head_dim

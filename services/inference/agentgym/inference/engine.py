@@ -273,7 +273,8 @@ class Engine:
 
     @property
     def model(self) -> Any:
-        """The model object serving now (replaced, never modified, by a weight swap)."""
+        """The model object serving now (replaced, never modified, by a weight swap). With packed bf16 matrices
+        (`decoder._pack`) its projections are on the meta device: the lean forward holds the only copy."""
         return self._model
 
     @property
