@@ -10,6 +10,10 @@ a random model's (every row sorted whole), against:
   - top-p 1 (no nucleus: the floor), and
   - the previous sampler, kept here as `full_sort_sampler` (the baseline).
 
+Then a decode step's whole choice at temperature 1 and top-p 1 (a rollout's request): the token and its raw
+logprob, as the engine took them before (a [rows, vocab] log-softmax, then `sample_tokens`' softmax and CDF) and
+as it takes them now (`choose_tokens`: one exp pass gives both the CDF and the log-normalizer).
+
 Usage: python benchmarks/sampler_bench.py [--rows 32] [--vocabulary 49152] [--top-p 0.95] [--repeats 200]
 """
 
@@ -22,7 +26,9 @@ from collections.abc import Callable
 
 import torch
 
+from agentgym.allocator import retain_freed_memory
 from agentgym.inference.engine import _nucleus, sample_tokens
+from agentgym.inference.sampling import choose_tokens
 
 
 def per_call_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -60,6 +66,14 @@ def measure(logits: torch.Tensor, top_p: float, repeats: int) -> tuple[float, fl
     return floor, old, new
 
 
+def log_softmax_then_sample(logits: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """The engine's choice before `choose_tokens`: the chosen tokens' logprobs gathered from a full log-softmax."""
+    logprobs = torch.log_softmax(logits, dim=-1)
+    rows = logits.shape[0]
+    tokens = sample_tokens(logits, [1.0] * rows, [1.0] * rows, generators)
+    return logprobs.gather(1, tokens[:, None])[:, 0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=32, help="sequences in the decode batch")
@@ -67,6 +81,7 @@ def main() -> None:
     parser.add_argument("--top-p", type=float, default=0.95)
     parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args()
+    retain_freed_memory()  # as the engine does: each step's [rows, vocab] buffers reuse freed ones
     generator = torch.Generator().manual_seed(0)
     print(f"# top-p {args.top_p}, {args.rows} rows x {args.vocabulary} tokens, {torch.get_num_threads()} threads")
     cases = (("peaked (a warmed-up policy)", 12.0), ("less sure", 5.0), ("flat (a random model)", 0.05))
@@ -78,6 +93,17 @@ def main() -> None:
         print(f"  top-p 1 (no nucleus)          {floor:7.2f} ms per decode step")
         print(f"  top-p, full sort (before)     {old:7.2f} ms")
         print(f"  top-p, top candidates (now)   {new:7.2f} ms  -> {old / new:.1f}x the speed of the full sort")
+    logits = torch.randn(args.rows, args.vocabulary, generator=generator) * 5.0
+    generators = [torch.Generator().manual_seed(i) for i in range(args.rows)]
+    rows = args.rows
+    before, now = [], []
+    for _ in range(3):  # interleaved
+        before.append(per_call_ms(lambda: log_softmax_then_sample(logits, generators), args.repeats))
+        now.append(per_call_ms(lambda: choose_tokens(logits, [1.0] * rows, [1.0] * rows, generators), args.repeats))
+    old_ms, new_ms = statistics.median(before), statistics.median(now)
+    print("token and logprob at temperature 1, top-p 1 (medians of 3 interleaved rounds):")
+    print(f"  log-softmax + sampler (before) {old_ms:7.2f} ms per decode step")
+    print(f"  choose_tokens (now)            {new_ms:7.2f} ms  -> {old_ms / new_ms:.1f}x the speed of before")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""benchmarks/sampler_bench.py runs and prints its three cases (the figures themselves are measured by hand)."""
+"""benchmarks/sampler_bench.py runs and prints its top-p cases and the decode step's choice (figures: by hand)."""
 
 from __future__ import annotations
 
@@ -16,3 +16,4 @@ def test_sampler_bench_smoke() -> None:
     for case in ("peaked (a warmed-up policy)", "less sure", "flat (a random model)"):
         assert f"{case}: nucleus of" in result.stdout
     assert result.stdout.count("the speed of the full sort") == 3
+    assert "choose_tokens (now)" in result.stdout and "the speed of before" in result.stdout

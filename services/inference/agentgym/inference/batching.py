@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from agentgym.inference.kv import GrowingLayer, compaction, spare_columns
 from agentgym.inference.prefix_cache import CachedPrefix, block_keys, common_prefix
-from agentgym.inference.sampling import SamplingParams, _sample_seed, sample_tokens
+from agentgym.inference.sampling import SamplingParams, _sample_seed, choose_tokens
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -315,33 +315,19 @@ def keep_rows(batch: _Batch, keep: list[int]) -> None:
 
 def sample_next(sequences: list[_Sequence], logits: torch.Tensor, backend_tokenizer: Any) -> torch.Tensor:
     """Pick each sequence's next token, record it with its raw logprob, and check the stop conditions."""
-    logprobs = torch.log_softmax(logits, dim=-1)
-    sampled_rows = [row for row, s in enumerate(sequences) if s.params.temperature > 0]
-    if len(sampled_rows) == len(sequences):  # no greedy row: no argmax, no row gather / scatter
-        chosen = sample_tokens(
-            logits,
-            [s.params.temperature for s in sequences],
-            [s.params.top_p for s in sequences],
-            [s.generator for s in sequences],
-        )
-    else:
-        chosen = torch.argmax(logits, dim=-1)
-        if sampled_rows:
-            index = torch.tensor(sampled_rows, device=logits.device)
-            chosen[index] = sample_tokens(
-                logits.index_select(0, index),
-                [sequences[row].params.temperature for row in sampled_rows],
-                [sequences[row].params.top_p for row in sampled_rows],
-                [sequences[row].generator for row in sampled_rows],
-            )
-    chosen_lp = logprobs.gather(1, chosen[:, None])[:, 0]
+    chosen, chosen_lp = choose_tokens(
+        logits,
+        [s.params.temperature for s in sequences],
+        [s.params.top_p for s in sequences],
+        [s.generator for s in sequences],
+    )
     tokens = chosen.tolist()
     token_lps = chosen_lp.tolist()
     k = max((s.params.top_logprobs for s in sequences), default=0)
     top_values: list[list[float]] = []
     top_ids: list[list[int]] = []
     if k:
-        top = torch.topk(logprobs, k, dim=-1)
+        top = torch.topk(torch.log_softmax(logits, dim=-1), k, dim=-1)
         top_values, top_ids = top.values.tolist(), top.indices.tolist()
     for row, seq in enumerate(sequences):
         if seq.finish_reason is not None:

@@ -60,7 +60,7 @@ def sample_tokens(
     if any(t != 1.0 for t in temperatures):  # x / 1 == x: skip a full-vocabulary pass in the common case
         temps = torch.tensor(temperatures, device=logits.device, dtype=logits.dtype).unsqueeze(1)
         scaled = logits / temps
-    uniforms = torch.stack([torch.rand((), generator=g, device=logits.device) for g in generators])
+    uniforms = _uniforms(generators, logits.device)
     top_p = torch.tensor(top_ps, device=logits.device, dtype=logits.dtype)
     truncated = top_p < 1
     if not bool(truncated.any()):
@@ -72,6 +72,46 @@ def sample_tokens(
     tokens[whole] = _inverse_cdf(torch.softmax(scaled[whole], dim=-1), uniforms[whole])
     tokens[rows] = _sample_nucleus(scaled[rows], top_p[rows], uniforms[rows])
     return tokens
+
+
+def choose_tokens(
+    logits: torch.Tensor,
+    temperatures: Sequence[float],
+    top_ps: Sequence[float],
+    generators: Sequence[torch.Generator | None],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's next token (temperature 0: the argmax; else drawn as `sample_tokens` draws) and its raw logprob
+    log softmax(logits)[token], without a [rows, vocab] log-softmax:
+
+        m = max_j l_j,   w_j = exp(l_j - m),   logprob(token) = l_token - (m + log sum_j w_j)
+
+    w is softmax(l) up to each row's factor, so when every row samples at temperature 1 without a nucleus (a
+    rollout's usual request) its CDF is walked directly: one exp, one sum and one cumsum pass over the logits
+    instead of a log-softmax, a softmax and a cumsum (`benchmarks/sampler_bench.py`)."""
+    peak = logits.amax(dim=-1, keepdim=True)
+    weights = torch.sub(logits, peak).exp_()
+    log_normalizer = peak.squeeze(1) + weights.sum(dim=-1).log()
+    if all(t == 1.0 and p >= 1.0 for t, p in zip(temperatures, top_ps, strict=True)):
+        tokens = _inverse_cdf(weights, _uniforms(generators, logits.device))
+    elif all(t > 0 for t in temperatures):  # no greedy row: no argmax, no row gather / scatter
+        tokens = sample_tokens(logits, temperatures, top_ps, generators)
+    else:
+        tokens = torch.argmax(logits, dim=-1)
+        rows = [row for row, temperature in enumerate(temperatures) if temperature > 0]
+        if rows:
+            index = torch.tensor(rows, device=logits.device)
+            tokens[index] = sample_tokens(
+                logits.index_select(0, index),
+                [temperatures[row] for row in rows],
+                [top_ps[row] for row in rows],
+                [generators[row] for row in rows],
+            )
+    return tokens, logits.gather(1, tokens[:, None]).squeeze(1) - log_normalizer
+
+
+def _uniforms(generators: Sequence[torch.Generator | None], device: torch.device) -> torch.Tensor:
+    """One uniform draw from each row's own generator (the global one where a row has none)."""
+    return torch.stack([torch.rand((), generator=g, device=device) for g in generators])
 
 
 def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
