@@ -1,5 +1,6 @@
 """Is bf16 worth it on this CPU? A training forward/backward (float32 vs bf16 autocast) and, with ``--inference``,
-the inference engine's batched prefill and decode (float32 vs bf16 matmuls).
+the inference engine's batched prefill and decode (float32 vs bf16 matmuls, the bf16
+matrices packed in oneDNN's layout and plain).
 
 The trainer autocasts to bf16 on CPU (``bf16: true``), and the engine serving ``--dtype bfloat16`` runs its matmuls
 in bf16, only where the CPU multiplies bf16 in hardware (AVX512-BF16 or AMX, `agentgym.cpus.cpu_has_bf16_units`);
@@ -54,16 +55,22 @@ def engine_round_seconds(engine: Any, prompts: list[list[int]], new_tokens: int)
 
 
 def inference(args: argparse.Namespace) -> None:
-    """Median prefill and prefill+decode times of a float32 and a bfloat16 engine, rounds interleaved."""
+    """Median prefill and prefill+decode times of a float32 and two bfloat16 engines (packed, plain), interleaved."""
+    from agentgym.inference import decoder
     from agentgym.inference.engine import Engine
 
-    # No prefix cache: every round must prefill its prompts again.
-    engines = {
-        dtype: Engine.from_name(
+    def start(dtype: str) -> Engine:  # no prefix cache: every round must prefill its prompts again
+        return Engine.from_name(
             args.model, device="cpu", dtype=dtype, max_batch_size=args.sequences, prefix_cache_tokens=0
         )
-        for dtype in ("float32", "bfloat16")
-    }
+
+    engines = {dtype: start(dtype) for dtype in ("float32", "bfloat16")}
+    packs = decoder._onednn_bf16
+    decoder._onednn_bf16 = lambda: False  # the bf16 engine before its matrices were packed (decoder._pack)
+    try:
+        engines["bf16-plain"] = start("bfloat16")
+    finally:
+        decoder._onednn_bf16 = packs
     print(f"# engine, {args.model}: {args.sequences} sequences of {args.prompt_tokens} prompt tokens at once")
     if engines["bfloat16"].matmul_dtype is None:
         print("bfloat16 computes in float32 on this CPU (no bf16 units): nothing to compare")
@@ -87,13 +94,16 @@ def inference(args: argparse.Namespace) -> None:
         prefill = medians[(dtype, 1)]
         decode = (medians[(dtype, args.new_tokens)] - prefill) / (args.new_tokens - 1)
         print(
-            f"{dtype:>9}: prefill {prefill:.2f} s ({args.sequences * args.prompt_tokens / prefill:.0f} tokens/s),"
+            f"{dtype:>10}: prefill {prefill:.2f} s ({args.sequences * args.prompt_tokens / prefill:.0f} tokens/s),"
             f" decode step {decode * 1000:.0f} ms ({args.sequences / decode:.0f} tokens/s), medians of {args.repeats}"
         )
     prefill_ratio = medians[("float32", 1)] / medians[("bfloat16", 1)]
     fp32_decode = medians[("float32", args.new_tokens)] - medians[("float32", 1)]
     bf16_decode = medians[("bfloat16", args.new_tokens)] - medians[("bfloat16", 1)]
     print(f"bf16 speed-up: prefill {prefill_ratio:.2f}x, decode {fp32_decode / bf16_decode:.2f}x")
+    plain_decode = medians[("bf16-plain", args.new_tokens)] - medians[("bf16-plain", 1)]
+    packed_prefill = medians[("bf16-plain", 1)] / medians[("bfloat16", 1)]
+    print(f"packed bf16 matrices vs plain: prefill {packed_prefill:.2f}x, decode {plain_decode / bf16_decode:.2f}x")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
