@@ -42,28 +42,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from trainer_gpu_bench import SHAPES as TRAINER_SHAPES  # a sibling script (benchmarks/ is on sys.path)
 
 from agentgym.inference.client import CompletionClient
 from agentgym.inference.engine import Engine
 from agentgym.inference.models import load_tokenizer, smollm2_tokenizer_dir
 from agentgym.inference.sampling import SamplingParams
 
-SHAPES: dict[str, dict[str, Any]] = {
-    "0.5b": {  # Qwen2.5-0.5B's config.json, but for the vocabulary
-        "hidden_size": 896,
-        "intermediate_size": 4864,
-        "num_hidden_layers": 24,
-        "num_attention_heads": 14,
-        "num_key_value_heads": 2,
-    },
-    "smoke": {
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-    },
-}
+SHAPES: dict[str, dict[str, Any]] = {name: TRAINER_SHAPES[name] for name in ("0.5b", "smoke")}
+"""The trainer's GPU benchmark's shapes; the vocabulary is replaced by the tokenizer's (`build_model`)."""
 
 Generate = Callable[[list[int], int, int], Awaitable[list[int]]]
 """(prompt ids, max new tokens, seed) -> the sampled ids."""
@@ -75,10 +62,8 @@ def build_model(shape: str, tokenizer_dir: Path, out: Path, dtype: torch.dtype) 
 
     tokenizer = load_tokenizer(tokenizer_dir)
     config = Qwen2Config(
-        **SHAPES[shape],
-        vocab_size=len(tokenizer),
+        **{**SHAPES[shape], "vocab_size": len(tokenizer), "tie_word_embeddings": True},
         max_position_embeddings=4096,
-        tie_word_embeddings=True,
         use_sliding_window=False,
         sliding_window=None,
         bos_token_id=tokenizer.bos_token_id,
