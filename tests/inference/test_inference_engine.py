@@ -320,12 +320,13 @@ def test_chosen_tokens_are_the_inverse_cdf_of_each_rows_draw_with_raw_logprobs()
     probs = torch.tensor([0.2, 0.5, 0.3])
     rows = 64
     logits = (torch.log(probs) + 7.0).repeat(rows, 1)
-    tokens, logprobs = choose_tokens(
+    tokens, logprobs, log_normalizer = choose_tokens(
         logits, [1.0] * rows, [1.0] * rows, [torch.Generator().manual_seed(i) for i in range(rows)]
     )
     draws = [float(torch.rand((), generator=torch.Generator().manual_seed(i))) for i in range(rows)]
     assert tokens.tolist() == [0 if u < 0.2 else 1 if u < 0.7 else 2 for u in draws]
     torch.testing.assert_close(logprobs, torch.log(probs)[tokens], atol=1e-6, rtol=0)
+    torch.testing.assert_close(log_normalizer, torch.full((rows,), 7.0), atol=1e-6, rtol=0)  # log sum e^(l+7)
 
 
 def test_chosen_tokens_of_a_mixed_batch_follow_each_rows_parameters() -> None:
@@ -333,13 +334,16 @@ def test_chosen_tokens_of_a_mixed_batch_follow_each_rows_parameters() -> None:
     every logprob is the untempered model's log softmax at the chosen token."""
     logits = torch.log(torch.tensor([[0.2, 0.5, 0.3], [0.5, 0.3, 0.2], [0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]))
     temperatures, top_ps = [0.0, 0.5, 1.0, 1.0], [1.0, 1.0, 0.4, 1.0]
-    tokens, logprobs = choose_tokens(logits, temperatures, top_ps, [torch.Generator().manual_seed(i) for i in range(4)])
+    tokens, logprobs, log_normalizer = choose_tokens(
+        logits, temperatures, top_ps, [torch.Generator().manual_seed(i) for i in range(4)]
+    )
     alone = sample_tokens(
         logits[1:], temperatures[1:], top_ps[1:], [torch.Generator().manual_seed(i) for i in (1, 2, 3)]
     )
     assert tokens[0] == 1 and tokens[2] == 0  # the argmax; a 0.4 nucleus holds the most likely token only
     assert tokens[1:].tolist() == alone.tolist()
     torch.testing.assert_close(logprobs, torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0])
+    torch.testing.assert_close(log_normalizer, torch.logsumexp(logits, -1))
 
 
 async def test_a_tiny_nucleus_or_temperature_is_greedy(engine: Engine) -> None:

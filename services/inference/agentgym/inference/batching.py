@@ -315,7 +315,7 @@ def keep_rows(batch: _Batch, keep: list[int]) -> None:
 
 def sample_next(sequences: list[_Sequence], logits: torch.Tensor, backend_tokenizer: Any) -> torch.Tensor:
     """Pick each sequence's next token, record it with its raw logprob, and check the stop conditions."""
-    chosen, chosen_lp = choose_tokens(
+    chosen, chosen_lp, log_normalizer = choose_tokens(
         logits,
         [s.params.temperature for s in sequences],
         [s.params.top_p for s in sequences],
@@ -327,8 +327,8 @@ def sample_next(sequences: list[_Sequence], logits: torch.Tensor, backend_tokeni
     top_values: list[list[float]] = []
     top_ids: list[list[int]] = []
     if k:
-        top = torch.topk(torch.log_softmax(logits, dim=-1), k, dim=-1)
-        top_values, top_ids = top.values.tolist(), top.indices.tolist()
+        top = torch.topk(logits, k, dim=-1)
+        top_values, top_ids = (top.values - log_normalizer[:, None]).tolist(), top.indices.tolist()
     for row, seq in enumerate(sequences):
         if seq.finish_reason is not None:
             continue

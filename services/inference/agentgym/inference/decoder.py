@@ -83,14 +83,15 @@ def _onednn_bf16() -> bool:
     return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def _pack_for(linears: list[nn.Linear], weight: torch.Tensor) -> torch.Tensor:
-    """`_pack(weight)` for these projections (whose weights view `weight`); once packed, the packed copy is the only
-    one: their weights move to the meta device and the plain matrix is freed."""
+def _fuse_and_pack(linears: list[nn.Linear], dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`_fuse`, then `_pack` the fused matrix; once packed, the packed copy is the only one: the projections'
+    weights move to the meta device and the plain matrix is freed."""
+    weight, bias = _fuse(linears, dtype)
     packed = _pack(weight)
     if packed is not weight:
         for linear in linears:
             linear.weight = nn.Parameter(linear.weight.detach().to("meta"), requires_grad=False)
-    return packed
+    return packed, bias
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -105,12 +106,10 @@ class _Layer:
 
     def __init__(self, layer: Any, dtype: torch.dtype | None) -> None:
         attention, mlp = layer.self_attn, layer.mlp
-        groups = [attention.q_proj, attention.k_proj, attention.v_proj], [attention.o_proj]
-        qkv, self.qkv_bias = _fuse(groups[0], dtype)
-        o, self.o_bias = _fuse(groups[1], dtype)
-        self.qkv, self.o = _pack_for(groups[0], qkv), _pack_for(groups[1], o)
-        self.gate_up = _pack_for([mlp.gate_proj, mlp.up_proj], _fuse([mlp.gate_proj, mlp.up_proj], dtype)[0])
-        self.down = _pack_for([mlp.down_proj], _fuse([mlp.down_proj], dtype)[0])
+        self.qkv, self.qkv_bias = _fuse_and_pack([attention.q_proj, attention.k_proj, attention.v_proj], dtype)
+        self.o, self.o_bias = _fuse_and_pack([attention.o_proj], dtype)
+        self.gate_up, _ = _fuse_and_pack([mlp.gate_proj, mlp.up_proj], dtype)
+        self.down, _ = _fuse_and_pack([mlp.down_proj], dtype)
         self.norm1, self.norm2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
 
 

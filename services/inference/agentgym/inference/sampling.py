@@ -79,9 +79,10 @@ def choose_tokens(
     temperatures: Sequence[float],
     top_ps: Sequence[float],
     generators: Sequence[torch.Generator | None],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's next token (temperature 0: the argmax; else drawn as `sample_tokens` draws) and its raw logprob
-    log softmax(logits)[token], without a [rows, vocab] log-softmax:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's next token (temperature 0: the argmax; else drawn as `sample_tokens` draws), its raw logprob
+    log softmax(logits)[token] and the row's log-normalizer (any token's logprob is its logit minus it), without a
+    [rows, vocab] log-softmax:
 
         m = max_j l_j,   w_j = exp(l_j - m),   logprob(token) = l_token - (m + log sum_j w_j)
 
@@ -106,7 +107,7 @@ def choose_tokens(
                 [top_ps[row] for row in rows],
                 [generators[row] for row in rows],
             )
-    return tokens, logits.gather(1, tokens[:, None]).squeeze(1) - log_normalizer
+    return tokens, logits.gather(1, tokens[:, None]).squeeze(1) - log_normalizer, log_normalizer
 
 
 def _uniforms(generators: Sequence[torch.Generator | None], device: torch.device) -> torch.Tensor:
