@@ -11,8 +11,9 @@ a random model's (every row sorted whole), against:
   - the previous sampler, kept here as `full_sort_sampler` (the baseline).
 
 Then a decode step's whole choice at temperature 1 and top-p 1 (a rollout's request): the token and its raw
-logprob, as the engine took them before (a [rows, vocab] log-softmax, then `sample_tokens`' softmax and CDF) and
-as it takes them now (`choose_tokens`: one exp pass gives both the CDF and the log-normalizer).
+logprob, as the engine took them before (a [rows, vocab] log-softmax, then a softmax and one running sum over the
+vocabulary), with one exp pass and one running sum (`one_running_sum_choice`: `choose_tokens` as it was) and as it
+takes them now (`choose_tokens`: one exp pass, and a two-level inverse CDF whose block sums give the normalizer).
 
 Usage: python benchmarks/sampler_bench.py [--rows 32] [--vocabulary 49152] [--top-p 0.95] [--repeats 200]
 """
@@ -66,12 +67,28 @@ def measure(logits: torch.Tensor, top_p: float, repeats: int) -> tuple[float, fl
     return floor, old, new
 
 
+def _one_running_sum(weights: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """The inverse CDF as one running sum over each row's whole vocabulary (the sampler's before this round)."""
+    cdf = weights.cumsum(dim=-1)
+    uniforms = torch.stack([torch.rand((), generator=g) for g in generators])
+    targets = (uniforms * cdf[:, -1]).unsqueeze(1)
+    return torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp(max=weights.shape[-1] - 1)
+
+
 def log_softmax_then_sample(logits: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
     """The engine's choice before `choose_tokens`: the chosen tokens' logprobs gathered from a full log-softmax."""
     logprobs = torch.log_softmax(logits, dim=-1)
-    rows = logits.shape[0]
-    tokens = sample_tokens(logits, [1.0] * rows, [1.0] * rows, generators)
+    tokens = _one_running_sum(torch.softmax(logits, dim=-1), generators)
     return logprobs.gather(1, tokens[:, None])[:, 0]
+
+
+def one_running_sum_choice(logits: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """`choose_tokens` before its two-level inverse CDF: one exp pass, a sum and a running sum over the vocabulary."""
+    peak = logits.amax(dim=-1, keepdim=True)
+    weights = torch.sub(logits, peak).exp_()
+    log_normalizer = peak.squeeze(1) + weights.sum(dim=-1).log()
+    tokens = _one_running_sum(weights, generators)
+    return logits.gather(1, tokens[:, None]).squeeze(1) - log_normalizer
 
 
 def main() -> None:
@@ -96,14 +113,19 @@ def main() -> None:
     logits = torch.randn(args.rows, args.vocabulary, generator=generator) * 5.0
     generators = [torch.Generator().manual_seed(i) for i in range(args.rows)]
     rows = args.rows
-    before, now = [], []
+    before, running_sum, now = [], [], []
     for _ in range(3):  # interleaved
         before.append(per_call_ms(lambda: log_softmax_then_sample(logits, generators), args.repeats))
+        running_sum.append(per_call_ms(lambda: one_running_sum_choice(logits, generators), args.repeats))
         now.append(per_call_ms(lambda: choose_tokens(logits, [1.0] * rows, [1.0] * rows, generators), args.repeats))
-    old_ms, new_ms = statistics.median(before), statistics.median(now)
+    old_ms, sum_ms, new_ms = statistics.median(before), statistics.median(running_sum), statistics.median(now)
     print("token and logprob at temperature 1, top-p 1 (medians of 3 interleaved rounds):")
     print(f"  log-softmax + sampler (before) {old_ms:7.2f} ms per decode step")
-    print(f"  choose_tokens (now)            {new_ms:7.2f} ms  -> {old_ms / new_ms:.1f}x the speed of before")
+    print(f"  exp pass + one running sum     {sum_ms:7.2f} ms  -> {old_ms / sum_ms:.1f}x the speed of before")
+    print(
+        f"  choose_tokens (now)            {new_ms:7.2f} ms  -> {old_ms / new_ms:.1f}x the speed of before, "
+        f"{sum_ms / new_ms:.1f}x that of one running sum"
+    )
 
 
 if __name__ == "__main__":

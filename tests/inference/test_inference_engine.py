@@ -23,7 +23,7 @@ from agentgym.inference.engine import (
     WeightLoadError,
     sample_tokens,
 )
-from agentgym.inference.sampling import choose_tokens
+from agentgym.inference.sampling import CDF_BLOCK, _inverse_cdf_and_totals, choose_tokens
 
 Rescore = Callable[[torch.nn.Module, list[int], list[int]], list[float]]
 TOLERANCE = 1e-4
@@ -327,6 +327,39 @@ def test_chosen_tokens_are_the_inverse_cdf_of_each_rows_draw_with_raw_logprobs()
     assert tokens.tolist() == [0 if u < 0.2 else 1 if u < 0.7 else 2 for u in draws]
     torch.testing.assert_close(logprobs, torch.log(probs)[tokens], atol=1e-6, rtol=0)
     torch.testing.assert_close(log_normalizer, torch.full((rows,), 7.0), atol=1e-6, rtol=0)  # log sum e^(l+7)
+
+
+def test_two_level_inverse_cdf_finds_the_column_across_blocks() -> None:
+    """600 columns = two blocks of 256 and a short one of 88. Weights 1, 2, 1 at columns 10, 300 and 599 (the short
+    block): running sums 1, 3, 4 of a total 4, so a draw u picks 10 below 0.25, 300 below 0.75, else 599."""
+    assert CDF_BLOCK == 256
+    weights = torch.zeros(5, 600)
+    weights[:, 10], weights[:, 300], weights[:, 599] = 1.0, 2.0, 1.0
+    uniforms = torch.tensor([0.0, 0.1, 0.25, 0.74, 0.8])
+    tokens, totals = _inverse_cdf_and_totals(weights, uniforms)
+    assert tokens.tolist() == [10, 10, 300, 300, 599]
+    assert totals.tolist() == [4.0] * 5
+    # the largest float32 below 1: still a column with weight, never one past the last such column
+    almost_one = torch.tensor([1.0 - 2.0**-24])
+    assert _inverse_cdf_and_totals(weights[:1], almost_one)[0].tolist() == [599]
+    weights[:, 599] = 0.0
+    assert _inverse_cdf_and_totals(weights[:1], almost_one)[0].tolist() == [300]
+
+
+@pytest.mark.parametrize("columns", [64, 256, 257, 600, 49152])
+def test_two_level_inverse_cdf_is_the_one_running_sum(columns: int) -> None:
+    """The same column as one running sum over the whole row (ties to float rounding aside), always of weight > 0."""
+    generator = torch.Generator().manual_seed(columns)
+    for scale in (0.05, 3.0, 12.0):
+        logits = torch.randn(64, columns, generator=generator) * scale
+        weights = (logits - logits.amax(dim=-1, keepdim=True)).exp()
+        uniforms = torch.rand(64, generator=generator)
+        cdf = weights.cumsum(dim=-1)
+        expected = torch.searchsorted(cdf, (uniforms * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+        tokens, totals = _inverse_cdf_and_totals(weights, uniforms)
+        assert tokens.tolist() == expected.tolist()
+        assert bool((weights.gather(1, tokens[:, None]) > 0).all())
+        torch.testing.assert_close(totals, weights.sum(dim=-1))
 
 
 def test_chosen_tokens_of_a_mixed_batch_follow_each_rows_parameters() -> None:

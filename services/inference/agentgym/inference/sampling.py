@@ -87,14 +87,16 @@ def choose_tokens(
         m = max_j l_j,   w_j = exp(l_j - m),   logprob(token) = l_token - (m + log sum_j w_j)
 
     w is softmax(l) up to each row's factor, so when every row samples at temperature 1 without a nucleus (a
-    rollout's usual request) its CDF is walked directly: one exp, one sum and one cumsum pass over the logits
-    instead of a log-softmax, a softmax and a cumsum (`benchmarks/sampler_bench.py`)."""
+    rollout's usual request) its CDF is walked directly: one exp pass and one summing pass over the logits (the
+    block sums of the two-level inverse CDF give the normalizer too) instead of a log-softmax, a softmax and a
+    cumsum (`benchmarks/sampler_bench.py`)."""
     peak = logits.amax(dim=-1, keepdim=True)
     weights = torch.sub(logits, peak).exp_()
-    log_normalizer = peak.squeeze(1) + weights.sum(dim=-1).log()
     if all(t == 1.0 and p >= 1.0 for t, p in zip(temperatures, top_ps, strict=True)):
-        tokens = _inverse_cdf(weights, _uniforms(generators, logits.device))
-    elif all(t > 0 for t in temperatures):  # no greedy row: no argmax, no row gather / scatter
+        tokens, totals = _inverse_cdf_and_totals(weights, _uniforms(generators, logits.device))
+        return tokens, *_raw_logprobs(logits, tokens, peak, totals)
+    log_normalizer = peak.squeeze(1) + weights.sum(dim=-1).log()
+    if all(t > 0 for t in temperatures):  # no greedy row: no argmax, no row gather / scatter
         tokens = sample_tokens(logits, temperatures, top_ps, generators)
     else:
         tokens = torch.argmax(logits, dim=-1)
@@ -110,16 +112,62 @@ def choose_tokens(
     return tokens, logits.gather(1, tokens[:, None]).squeeze(1) - log_normalizer, log_normalizer
 
 
+def _raw_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, peak: torch.Tensor, totals: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chosen tokens' logprobs and the rows' log-normalizers m + log sum_j exp(l_j - m)."""
+    log_normalizer = peak.squeeze(1) + totals.log()
+    return logits.gather(1, tokens[:, None]).squeeze(1) - log_normalizer, log_normalizer
+
+
 def _uniforms(generators: Sequence[torch.Generator | None], device: torch.device) -> torch.Tensor:
     """One uniform draw from each row's own generator (the global one where a row has none)."""
     return torch.stack([torch.rand((), generator=g, device=device) for g in generators])
 
 
+CDF_BLOCK = 256
+"""Columns per block of the two-level inverse CDF (`_inverse_cdf_and_totals`)."""
+
+
 def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Per row, the column where the running sum of ``probs`` first exceeds ``uniform`` x the row's total."""
-    cdf = probs.cumsum(dim=-1)
-    targets = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
-    return torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
+    return _inverse_cdf_and_totals(probs, uniforms)[0]
+
+
+def _inverse_cdf_and_totals(weights: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the column where the running sum of ``weights`` (>= 0) first exceeds u = ``uniform`` x the row's
+    total; and the totals. In two levels, so that no running sum is taken over a whole vocabulary (a sequential
+    pass, a third of a decode step's sampling at 49k tokens):
+
+        S_b = sum of block b's weights (blocks of `CDF_BLOCK` columns),  C_b = S_0 + ... + S_b,
+        b* = the first block with C_b > u,  then within b*: the first column whose running sum exceeds u - C_(b*-1).
+
+    The same column as one running sum over the row, up to float rounding at a boundary. The chosen column always
+    has a weight > 0: within the block its running sum steps over the target, and a target the block's own sum
+    falls short of by rounding takes the block's last column with a weight > 0 instead of one past it.
+    """
+    rows, columns = weights.shape
+    if columns <= CDF_BLOCK:  # a nucleus' candidates: one block
+        cdf = weights.cumsum(dim=-1)
+        targets = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
+        return torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp(max=columns - 1), cdf[:, -1]
+    width = CDF_BLOCK
+    whole = columns // width * width
+    blocks = weights[:, :whole].reshape(rows, -1, width).sum(dim=-1)
+    if whole < columns:
+        blocks = torch.cat((blocks, weights[:, whole:].sum(dim=-1, keepdim=True)), dim=1)
+    cumulative = blocks.cumsum(dim=-1)
+    totals = cumulative[:, -1]
+    targets = (uniforms.to(weights.dtype) * totals).unsqueeze(1)
+    block = torch.searchsorted(cumulative, targets, right=True).clamp(max=blocks.shape[1] - 1)
+    before = torch.where(block > 0, cumulative.gather(1, (block - 1).clamp(min=0)), 0.0)
+    offsets = torch.arange(width, device=weights.device)
+    index = block * width + offsets  # [rows, width]: the chosen block's columns (past the last one in a short block)
+    inside = index < columns
+    inner = torch.where(inside, weights.gather(1, index.clamp(max=columns - 1)), 0.0)
+    column = torch.searchsorted(inner.cumsum(dim=-1), targets - before, right=True)
+    last_positive = width - 1 - (inner > 0).flip(-1).to(torch.int8).argmax(dim=-1, keepdim=True)
+    return (block * width + torch.minimum(column, last_positive)).squeeze(1), totals
 
 
 NUCLEUS_WIDTHS = (64, 1024)
