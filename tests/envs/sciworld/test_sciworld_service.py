@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -55,7 +56,8 @@ def _slot_gone(pid: int) -> bool:
 async def _eventually(condition: Any, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
+        stats = shared_pool(pool_settings(**SETTINGS)).stats()
+        assert time.monotonic() < deadline, f"condition not reached in {timeout:g}s (pool: {stats})"
         await asyncio.sleep(0.05)
 
 
@@ -196,23 +198,27 @@ async def test_jvm_killed_mid_episode_fails_every_episode_on_it_and_only_those(c
 async def test_hung_jvm_times_out_and_its_slot_is_replaced() -> None:
     manager, http = await _service(step_timeout_s=2.0)
     pool = shared_pool(pool_settings(**SETTINGS))
+    pid = -1
     try:
         async with http:
             created = (await http.post("/v1/episodes", json={"task_id": "boil/v21"})).json()
+            assert "info" in created, f"{created} (pool: {pool.stats()})"
             pid = created["info"]["jvm_pid"]
             os.kill(pid, signal.SIGSTOP)  # the JVM stops answering mid-episode
             step = (await http.post(f"/v1/episodes/{created['episode_id']}/step", json={"action": "wait1"})).json()
-            assert step["done"] is True and step["info"]["failed"] is True
-            assert "timed out" in step["info"]["error"]
+            assert step["done"] is True and step["info"]["failed"] is True, step
+            assert "timed out" in step["info"]["error"], step
             # the episode's close found the call still running in the JVM: it is killed, never reused
             await _eventually(lambda: _slot_gone(pid))
             assert (await http.get("/healthz")).json()["status"] == "ok"
             fresh = (await http.post("/v1/episodes", json={"task_id": "boil/v21"})).json()
-            assert fresh["info"]["jvm_pid"] != pid and fresh["observation"].startswith("Your task")
+            assert "info" in fresh, f"{fresh} (pool: {pool.stats()})"
+            assert fresh["info"]["jvm_pid"] != pid and fresh["observation"].startswith("Your task"), fresh
     finally:
         await manager.stop()
         if pool.stats()["pids"].count(pid):  # never leave a stopped JVM behind
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 # -- the expert through the public API (slow) --------------------------------------------------
