@@ -302,6 +302,23 @@ def test_linear_token_logprobs_match_log_softmax(with_entropy: bool) -> None:
     torch.testing.assert_close(weight.grad, weight_ref.grad, atol=1e-12, rtol=0)
 
 
+def test_linear_token_logprobs_entropy_is_float32_under_autocast() -> None:
+    """Under bf16 autocast the head's matmul runs in bf16, but the entropy is computed in float32 from its logits:
+    -sum_v p_v log p_v of z = bf16(h) bf16(W)^T, to float32 rounding (a bf16 dot product would be off by ~1e-2)."""
+    generator = torch.Generator().manual_seed(2)
+    hidden = torch.randn(6, 32, generator=generator)
+    weight = torch.randn(5000, 32, generator=generator) * 0.3
+    labels = torch.randint(0, 5000, (6,), generator=generator)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logp, entropy = linear_token_logprobs(hidden, weight, labels, with_entropy=True)
+    z = (hidden.bfloat16() @ weight.bfloat16().t()).double()
+    expected = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
+    assert entropy.dtype == torch.float32
+    torch.testing.assert_close(entropy.double(), expected, atol=1e-4, rtol=1e-5)
+    expected_logp = torch.log_softmax(z, -1).gather(1, labels[:, None])[:, 0]
+    torch.testing.assert_close(logp.double(), expected_logp, atol=1e-4, rtol=0)
+
+
 def test_linear_token_logprobs_under_checkpoint_and_shared_weight() -> None:
     # The tied embedding: the head weight also feeds the input side; gradients add up.
     generator = torch.Generator().manual_seed(1)

@@ -368,3 +368,53 @@ def test_plain_linear_heads_take_the_fused_log_probs(monkeypatch: pytest.MonkeyP
         assert bool(calls) == takes_fused
         if head is plain or not isinstance(head, torch.nn.Linear):
             torch.testing.assert_close(logp, expected)
+
+
+def test_cpu_rows_and_scored_tokens_are_padded_to_the_shape_bucket(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CPU the decoder gets rows of a multiple of `CPU_SHAPE_BUCKET` tokens and the LM head a multiple of it of
+    scored tokens (oneDNN reuses its kernels across rows); log-probs, entropies and gradients are those of the
+    exact shapes: the padding is a span nothing sees, and its outputs are dropped."""
+    model = _load(tiny_model, PACKED_ATTENTION)
+    rng = random.Random(11)
+    sequences = [[rng.randrange(100, 40000) for _ in range(n)] for n in (40, 27, 35)]
+    starts = [12, 3, 30]
+    [row] = pack_sequences(sequences, starts, 128)
+    assert row.num_tokens % packing.CPU_SHAPE_BUCKET and row.score_positions().numel() % packing.CPU_SHAPE_BUCKET
+
+    decoder_lengths: list[int] = []
+    head_rows: list[int] = []
+    fused = packing.linear_token_logprobs
+
+    def head_spy(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        head_rows.append(hidden.shape[0])
+        return fused(hidden, *args, **kwargs)
+
+    monkeypatch.setattr(packing, "linear_token_logprobs", head_spy)
+    hook = model.model.register_forward_pre_hook(
+        lambda module, args, kwargs: decoder_lengths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+
+    def run(bucket: int) -> tuple[list[torch.Tensor], list[torch.Tensor], dict[str, torch.Tensor]]:
+        monkeypatch.setattr(packing, "CPU_SHAPE_BUCKET", bucket)
+        model.zero_grad()
+        out = forward_packed(model, row, with_entropy=True, entropy_grad=False)  # the fused head, as in GRPO
+        assert out.entropy is not None
+        sum(lp.sum() for lp in out.logprobs).backward()  # type: ignore[union-attr]
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return [lp.detach() for lp in out.logprobs], list(out.entropy), grads
+
+    exact = run(1)
+    assert decoder_lengths == [row.num_tokens] and head_rows == [row.score_positions().numel()]
+    decoder_lengths.clear()
+    head_rows.clear()
+    padded = run(64)
+    assert decoder_lengths == [128] and head_rows == [64]  # 102 tokens -> 128; 57 scored -> 64
+    hook.remove()
+    for a, b in zip(padded[0] + padded[1], exact[0] + exact[1], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert padded[2].keys() == exact[2].keys()
+    for name, grad in padded[2].items():
+        torch.testing.assert_close(grad, exact[2][name], atol=1e-5, rtol=1e-4)
+    assert packing._bucket_padding(100, "cuda") == 0  # GPUs build no kernels per shape: no padding there

@@ -198,8 +198,11 @@ class _LinearTokenLogprobs(torch.autograd.Function):
         log_probs = logits.sub_(lse.unsqueeze(1))  # in place: the logits are not needed again
         if with_entropy:
             probs = log_probs.exp()
-            # -sum_v p_v log p_v as a batched dot product: no [n, V] temporary
-            entropy = -torch.bmm(probs.unsqueeze(1), log_probs.unsqueeze(2)).view(-1)
+            # -sum_v p_v log p_v as a batched dot product: no [n, V] temporary. In float32 even under autocast,
+            # which would copy both [n, V] operands to bf16 first: 4x the time, the update's largest op on CPU
+            # (`benchmarks/update_kernels_bench.py`), and off by up to ~0.02 nats.
+            with torch.autocast(device_type=hidden.device.type, enabled=False):
+                entropy = -torch.bmm(probs.unsqueeze(1), log_probs.unsqueeze(2)).view(-1)
         else:
             probs = log_probs.exp_()
             entropy = torch.zeros_like(logp)
