@@ -179,6 +179,23 @@ def token_logprobs(logits: Tensor, labels: Tensor) -> Tensor:
     return torch.where(valid, logp, torch.zeros_like(logp))
 
 
+ENTROPY_ROWS = 64
+"""Rows of `_entropy_of`'s products at a time: a [64, V] product stays in the CPU's cache."""
+
+
+def _entropy_of(probs: Tensor, log_probs: Tensor) -> Tensor:
+    """-sum_v p_v log p_v per row, `ENTROPY_ROWS` rows at a time (no [n, V] temporary), in float32 even under
+    autocast: a batched dot product under bf16 autocast copied both [n, V] operands to bf16 first (4x the time,
+    the update's largest op on CPU, and off by up to ~0.02 nats), and one [n, V] product at once is 3x slower than
+    row chunks (`benchmarks/update_kernels_bench.py`)."""
+    entropy = torch.empty(probs.shape[0], dtype=probs.dtype, device=probs.device)
+    with torch.autocast(device_type=probs.device.type, enabled=False):
+        for start in range(0, probs.shape[0], ENTROPY_ROWS):
+            rows = slice(start, start + ENTROPY_ROWS)
+            torch.linalg.vecdot(probs[rows], log_probs[rows], out=entropy[rows])
+    return entropy.neg_()
+
+
 class _LinearTokenLogprobs(torch.autograd.Function):
     """The LM head and the log-prob of each label in one op (see :func:`linear_token_logprobs`)."""
 
@@ -198,11 +215,7 @@ class _LinearTokenLogprobs(torch.autograd.Function):
         log_probs = logits.sub_(lse.unsqueeze(1))  # in place: the logits are not needed again
         if with_entropy:
             probs = log_probs.exp()
-            # -sum_v p_v log p_v as a batched dot product: no [n, V] temporary. In float32 even under autocast,
-            # which would copy both [n, V] operands to bf16 first: 4x the time, the update's largest op on CPU
-            # (`benchmarks/update_kernels_bench.py`), and off by up to ~0.02 nats.
-            with torch.autocast(device_type=hidden.device.type, enabled=False):
-                entropy = -torch.bmm(probs.unsqueeze(1), log_probs.unsqueeze(2)).view(-1)
+            entropy = _entropy_of(probs, log_probs)
         else:
             probs = log_probs.exp_()
             entropy = torch.zeros_like(logp)
