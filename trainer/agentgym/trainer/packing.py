@@ -388,8 +388,8 @@ CPU_SHAPE_BUCKET = 64
 oneDNN builds (JIT-compiles) a matmul kernel for every new shape it meets and caches it; packed rows have a new
 length nearly every time. Rounded up to a multiple of 64 a row reuses the kernels of earlier rows: the tiny model's
 forward + backward of a 1,000-2,000-token row 1.08-1.19x faster, a BabyAI GRPO update step 1.07-1.12x
-(`benchmarks/update_kernels_bench.py`, three runs). The padding is a causal span of its own at the row's end (no real token
-sees it) and its outputs are dropped. Not done on GPUs: their matmul libraries build nothing per shape."""
+(`benchmarks/update_kernels_bench.py`, three runs). The padding is a causal span of its own at the row's end (no
+real token sees it) and its outputs are dropped. Not done on GPUs: their matmul libraries build nothing per shape."""
 
 
 def _bucket_padding(tokens: int, device: Any) -> int:
