@@ -26,7 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -34,16 +34,8 @@ import torch
 from agentgym.trainer import losses, packing
 
 HERE = Path(__file__).resolve().parent
-
-
-def _median_ms(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return 1000.0 * statistics.median(times)
+sys.path.insert(0, str(HERE))  # the benches next to this script: the timer, and the BabyAI-shaped update batches
+from sampler_bench import per_call_ms  # noqa: E402
 
 
 def _load_model(name: str) -> torch.nn.Module:
@@ -82,7 +74,6 @@ def forward_backward_rows(args: argparse.Namespace) -> dict[str, float]:
 
 def train_steps(model: str, steps: int, bucket: int, seed: int) -> list[float]:
     """Seconds of each `train_step` of a fresh trainer with this bucket (run in a child process)."""
-    sys.path.insert(0, str(HERE))
     from shared_prompt_bench import babyai_shaped_batch, scratch_dir, update_bench_parser, update_bench_trainer
 
     packing.CPU_SHAPE_BUCKET = bucket
@@ -123,9 +114,9 @@ def entropy_ms(scored: int, vocabulary: int, repeats: int) -> dict[str, float]:
 
     times: dict[str, list[float]] = {"autocast": [], "float32": [], "now": []}
     for _ in range(3):
-        times["autocast"].append(_median_ms(under_autocast, repeats))
-        times["float32"].append(_median_ms(in_float32, repeats))
-        times["now"].append(_median_ms(now, repeats))
+        times["autocast"].append(per_call_ms(under_autocast, repeats))
+        times["float32"].append(per_call_ms(in_float32, repeats))
+        times["now"].append(per_call_ms(now, repeats))
     error = float((under_autocast().float() - in_float32()).abs().max())
     torch.testing.assert_close(now(), in_float32(), atol=1e-3, rtol=1e-5)
     return {**{name: statistics.median(values) for name, values in times.items()}, "bf16_error": error}
