@@ -403,22 +403,20 @@ def row_hidden_states(decoder: nn.Module, row: PackedRow, attn_kind: str, dtype:
     """The decoder's last hidden states ``[N, H]`` for one packed row."""
     input_ids = row.input_ids.to(device).unsqueeze(0)
     position_ids = row.position_ids.to(device).unsqueeze(0)
+    tokens = input_ids.shape[1]
     if attn_kind == PACKED_ATTENTION:
         spans = row.attention_spans()
-        tokens = input_ids.shape[1]
         padding = _bucket_padding(tokens, device)
         if padding:  # a span of its own after the row: it sees only itself, and nothing sees it
             input_ids = torch.cat([input_ids, input_ids.new_zeros(1, padding)], dim=1)
             position_ids = torch.cat([position_ids, torch.arange(padding, device=device).unsqueeze(0)], dim=1)
             spans = [*spans, AttentionSpan(tokens, tokens + padding)]
         out = decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False, packed_spans=spans)
-        hidden_states: Tensor = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        return hidden_states[0, :tokens]
     else:
         mask = row.attention_mask(attn_kind, dtype=dtype, device=device)
         out = decoder(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=False)
     hidden: Tensor = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-    return hidden[0]
+    return hidden[0, :tokens]
 
 
 def forward_packed(

@@ -94,11 +94,10 @@ def choose_tokens(
     weights = torch.sub(logits, peak).exp_()
     if all(t == 1.0 and p >= 1.0 for t, p in zip(temperatures, top_ps, strict=True)):
         tokens, totals = _inverse_cdf_and_totals(weights, _uniforms(generators, logits.device))
-        return tokens, *_raw_logprobs(logits, tokens, peak, totals)
-    log_normalizer = peak.squeeze(1) + weights.sum(dim=-1).log()
-    if all(t > 0 for t in temperatures):  # no greedy row: no argmax, no row gather / scatter
-        tokens = sample_tokens(logits, temperatures, top_ps, generators)
+    elif all(t > 0 for t in temperatures):  # no greedy row: no argmax, no row gather / scatter
+        tokens, totals = sample_tokens(logits, temperatures, top_ps, generators), weights.sum(dim=-1)
     else:
+        totals = weights.sum(dim=-1)
         tokens = torch.argmax(logits, dim=-1)
         rows = [row for row, temperature in enumerate(temperatures) if temperature > 0]
         if rows:
@@ -109,15 +108,8 @@ def choose_tokens(
                 [top_ps[row] for row in rows],
                 [generators[row] for row in rows],
             )
-    return tokens, logits.gather(1, tokens[:, None]).squeeze(1) - log_normalizer, log_normalizer
-
-
-def _raw_logprobs(
-    logits: torch.Tensor, tokens: torch.Tensor, peak: torch.Tensor, totals: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chosen tokens' logprobs and the rows' log-normalizers m + log sum_j exp(l_j - m)."""
     log_normalizer = peak.squeeze(1) + totals.log()
-    return logits.gather(1, tokens[:, None]).squeeze(1) - log_normalizer, log_normalizer
+    return tokens, logits.gather(1, tokens[:, None]).squeeze(1) - log_normalizer, log_normalizer
 
 
 def _uniforms(generators: Sequence[torch.Generator | None], device: torch.device) -> torch.Tensor:
