@@ -5,7 +5,8 @@ comes from a TrainingRun YAML (``--run``) or a JSON dump of ``RLTrainerConfig`` 
 NATS from ``--nats-url``, the spec's ``messaging.natsUrl`` or ``$AGENTGYM_NATS_URL``. Task catalogs
 come from the environment packages in-process, or from env services named with ``--env-url
 NAME=URL`` (or the spec's ``environments[].url``). SIGTERM and
-SIGINT stop the loop after the step in progress is checkpointed.
+SIGINT stop the loop after the step in progress is checkpointed. The trainer computes on the main thread and
+the loop runs beside it (``agentgym.trainer.main_thread`` says why).
 
 Under the DeepSpeed launcher (``WORLD_SIZE`` > 1) every rank runs this: rank 0 runs the loop above,
 the others follow it (``agentgym.trainer.distributed``); only rank 0 connects to NATS.
@@ -14,12 +15,10 @@ the others follow it (``agentgym.trainer.distributed``); only rank 0 connects to
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import json
 import logging
 import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -124,16 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     directory = None if os.environ.get(TELEMETRY_DIR_VAR) else Path(config.output_dir) / "telemetry"
     telemetry = setup_telemetry("trainer", directory=directory)
 
-    async def _run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        trainer = await run_training(config, url, stop=stop, trainer=RLTrainer(config, data_parallel=data_parallel))
-        trainer.close()
+    from agentgym.trainer.main_thread import MainThreadExecutor, run_loop_beside
 
+    # The trainer is built, computes and saves on this (the main) thread; the loop runs on another.
+    compute = MainThreadExecutor()
     try:
-        asyncio.run(_run())
+        trainer = RLTrainer(config, data_parallel=data_parallel)
+        run_loop_beside(lambda stop: run_training(config, url, stop=stop, trainer=trainer, compute=compute), compute)
+        trainer.close()
     finally:
         telemetry.shutdown()
     return 0

@@ -25,6 +25,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from typing import Any
 
 import nats
@@ -131,12 +132,17 @@ async def run_training(
     catalogs: Mapping[str, Any] | Callable[[str], Any] | None = None,
     sft_examples: Sequence[SFTExample] | None = None,
     on_step: Callable[[StepMetrics], None] | None = None,
+    compute: Executor | None = None,
 ) -> RLTrainer:
-    """Train until ``total_steps`` (or ``stop`` is set, after the step in progress); returns the trainer."""
+    """Train until ``total_steps`` (or ``stop`` is set, after the step in progress); returns the trainer.
+
+    The trainer's calls that compute or save run in ``compute`` (the trainer process passes its main thread,
+    ``agentgym.trainer.main_thread``), by default in asyncio's worker threads: never on the event loop, which
+    must keep answering NATS pings and sending the collector's in-progress heartbeats meanwhile."""
     stop = stop or asyncio.Event()
     trainer = trainer or RLTrainer(config)
     try:
-        return await _lead(config, nats_url, stop, trainer, catalogs, sft_examples, on_step)
+        return await _lead(config, nats_url, stop, trainer, catalogs, sft_examples, on_step, compute)
     finally:
         trainer.dp.stop_followers()  # no-op on one rank
 
@@ -149,8 +155,12 @@ async def _lead(
     catalogs: Mapping[str, Any] | Callable[[str], Any] | None,
     sft_examples: Sequence[SFTExample] | None,
     on_step: Callable[[StepMetrics], None] | None,
+    compute: Executor | None,
 ) -> RLTrainer:
-    resumed = await asyncio.to_thread(_on_all_ranks, trainer, "maybe_resume")
+    async def off_loop(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(compute, functools.partial(fn, *args, **kwargs))
+
+    resumed = await off_loop(_on_all_ranks, trainer, "maybe_resume")
     if resumed is not None:
         log.info("resumed from %s at step %d (policy version %d)", resumed, trainer.step, trainer.policy_version)
     tracer = trace.get_tracer("agentgym.trainer")
@@ -162,7 +172,7 @@ async def _lead(
         last_version = await last_published_version(js, channels)
         if last_version is not None and last_version > trainer.policy_version:
             log.info("versions up to %d were published after this checkpoint: it serves as the next", last_version)
-            await asyncio.to_thread(_on_all_ranks, trainer, "renumber_policy", last_version + 1)
+            await off_loop(_on_all_ranks, trainer, "renumber_policy", last_version + 1)
     publisher = RequestPublisher(config, js, channels, catalogs=catalogs)
 
     async def rerequest(trajectory: rl_pb2.Trajectory, attempt: int) -> None:
@@ -187,15 +197,13 @@ async def _lead(
                 if sft_examples is not None:
                     examples = list(sft_examples)
                 else:
-                    examples = await asyncio.to_thread(build_warmup_examples, config, trainer.tokenizer)
-                # Compute runs on a worker thread: the event loop must keep answering NATS pings and
-                # sending the collector's in-progress heartbeats, or the server drops the connection.
-                await asyncio.to_thread(_warm_up, trainer, examples, stop)
+                    examples = await off_loop(build_warmup_examples, config, trainer.tokenizer)
+                await off_loop(_warm_up, trainer, examples, stop)
                 if not trainer.sft_done:  # stopped mid-warm-up: nothing is saved, a resume starts it again
                     return trainer
-                await asyncio.to_thread(_on_all_ranks, trainer, "save_checkpoint")
+                await off_loop(_on_all_ranks, trainer, "save_checkpoint")
         if trainer.current_policy_dir is None:
-            await asyncio.to_thread(_on_all_ranks, trainer, "export_weights")
+            await off_loop(_on_all_ranks, trainer, "export_weights")
         assert trainer.current_policy_dir is not None
         await publish_weight_update(js, channels, trainer.policy_version, trainer.current_policy_dir, trainer.step)
         await publish_curriculum(js, channels, trainer.schedule.state())
@@ -212,15 +220,15 @@ async def _lead(
                 if config.max_staleness > 0 and step + 1 < config.total_steps and step + 1 not in published:
                     await publisher.publish(step + 1, trainer.horizons_at(step + 1), trainer.policy_version)
                     published.add(step + 1)
-                metrics = await asyncio.to_thread(
+                metrics = await off_loop(
                     _on_all_ranks, trainer, "train_step", batch.trajectories, extra_counts=batch.counts
                 )
                 if trainer.step % config.checkpoint_every == 0 or trainer.step >= config.total_steps:
-                    path = await asyncio.to_thread(_on_all_ranks, trainer, "save_checkpoint")
+                    path = await off_loop(_on_all_ranks, trainer, "save_checkpoint")
                     acked = await collector.commit()
                     log.info("step %d checkpointed at %s; acked %d messages", step, path, acked)
                 else:
-                    path = await asyncio.to_thread(_on_all_ranks, trainer, "export_weights")
+                    path = await off_loop(_on_all_ranks, trainer, "export_weights")
                 await publish_weight_update(js, channels, trainer.policy_version, path, trainer.step)
                 await publish_curriculum(js, channels, trainer.schedule.state())
                 all_stats = metrics.env.get("all", {})
