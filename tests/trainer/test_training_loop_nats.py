@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,7 +19,8 @@ from agentgym.messaging import EmbeddedNats, RunChannels, decode_message, ensure
 from agentgym.proto import rl_pb2
 from agentgym.trainer.checkpoint import checkpoint_dirs
 from agentgym.trainer.loop import run_training
-from agentgym.trainer.trainer import StepMetrics
+from agentgym.trainer.main_thread import MainThreadExecutor, run_loop_beside
+from agentgym.trainer.trainer import RLTrainer, StepMetrics
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +139,41 @@ async def test_stop_while_waiting_for_trajectories(
     assert asyncio.get_running_loop().time() - stopped_at[0] < 10  # not the 600 s collect timeout
     assert trainer.step == 0 and list(config.checkpoint_dir.glob("step-*")) == []
     trainer.close()
+
+
+def test_the_trainer_process_computes_on_the_main_thread_in_the_loops_context(
+    nats_server: EmbeddedNats, config_factory: Callable[..., Any]
+) -> None:
+    # As the trainer entrypoint runs it: the loop in another thread, each step on the main thread, with the
+    # loop's context (its current span) carried into the call, as asyncio.to_thread carried it.
+    run = "main-thread"
+    config = config_factory(run=run, total_steps=1, tasks_per_step=2, group_size=2, collect_timeout_s=20, ack_wait_s=10)
+    trainer = RLTrainer(config)
+    probe: contextvars.ContextVar[str] = contextvars.ContextVar("probe")
+    calls: list[tuple[bool, str]] = []
+    train_step = trainer.train_step
+
+    def recorded_step(*args: Any, **kwargs: Any) -> StepMetrics:
+        calls.append((threading.current_thread() is threading.main_thread(), probe.get("not carried")))
+        return train_step(*args, **kwargs)
+
+    trainer.train_step = recorded_step  # type: ignore[method-assign]
+    executor = MainThreadExecutor()
+
+    async def main(stop: asyncio.Event) -> RLTrainer:
+        probe.set("the loop's")
+        worker_stop = asyncio.Event()
+        worker = asyncio.create_task(fake_rollout_worker(nats_server.url, run, worker_stop, []))
+        try:
+            return await asyncio.wait_for(
+                run_training(config, nats_server.url, stop=stop, trainer=trainer, compute=executor), 120
+            )
+        finally:
+            worker_stop.set()
+            await worker
+
+    try:
+        assert run_loop_beside(main, executor, stop_signals=()) is trainer
+        assert trainer.step == 1 and calls == [(True, "the loop's")]
+    finally:
+        trainer.close()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -158,7 +159,8 @@ async def _lead(
     compute: Executor | None,
 ) -> RLTrainer:
     async def off_loop(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(compute, functools.partial(fn, *args, **kwargs))
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)  # the current span, as to_thread
+        return await asyncio.get_running_loop().run_in_executor(compute, call)
 
     resumed = await off_loop(_on_all_ranks, trainer, "maybe_resume")
     if resumed is not None:
