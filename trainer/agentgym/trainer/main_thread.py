@@ -6,7 +6,8 @@ glibc's malloc serves it from a secondary arena: those grow in heaps of at most 
 tensor (logits of a few hundred tokens over a 49k vocabulary, the model's gradients) is a fresh ``mmap``,
 zero-filled page by page and unmapped when freed, however the thresholds are set
 (``agentgym.allocator`` keeps freed memory only in the main arena). A BabyAI-shaped GRPO step took
-1.2-1.4x as long in a worker thread as on the main thread (``benchmarks/trainer_thread_bench.py``).
+1.2-1.3x as long in a worker thread as on the main thread on the 2-core Xeon, 1.7x on the 2-core EPYC
+(``benchmarks/trainer_thread_bench.py``).
 So the main thread computes, and the loop runs beside it:
 
     executor = MainThreadExecutor()
