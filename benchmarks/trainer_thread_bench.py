@@ -71,8 +71,9 @@ MODES: dict[str, Callable[[Callable[[], Any]], float]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = update_bench_parser(__doc__).parse_args(argv)
-    check_update_bench_args(update_bench_parser(__doc__), args)
+    parser = update_bench_parser(__doc__)
+    args = parser.parse_args(argv)
+    check_update_bench_args(parser, args)
     trainer = update_bench_trainer(args, scratch_dir("trainer-thread-bench-"))
     vocab = int(trainer.policy.config.vocab_size)
     print(f"# trainer thread bench, {args.model}, {available_cpus()} usable CPUs, torch {torch.__version__}")
