@@ -263,3 +263,24 @@ def test_a_bf16_engine_samples_with_autocasts_logprobs_and_caches_twice_the_toke
 
 
 DTYPES = ("float32", "bfloat16")
+
+
+def test_the_lm_head_is_timed_once_per_row_count_and_either_form_gives_its_logits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(decoder_module, "_HEAD_FORM_BY_SHAPE", {})
+    generator = torch.Generator().manual_seed(0)
+    head = torch.randn(1000, 64, generator=generator)
+    states = torch.randn(4, 64, generator=generator)
+    expected = torch.nn.functional.linear(states, head)
+    timed = decoder_module.head_logits(states, head)
+    decided = decoder_module._HEAD_FORM_BY_SHAPE
+    assert list(decided) == [(1000, 64, 4, torch.float32)]
+    torch.testing.assert_close(timed, expected, atol=1e-5, rtol=1e-5)
+    for transposed in (False, True):  # the form a row count was given is the one it runs
+        decided[(1000, 64, 4, torch.float32)] = transposed
+        logits = decoder_module.head_logits(states, head)
+        assert logits.is_contiguous() and logits.shape == (4, 1000)
+        assert torch.equal(logits, (head @ states.T).T if transposed else expected)
+    decoder_module.head_logits(states[:2], head)  # another row count is timed on its own
+    assert sorted(rows for _, _, rows, _ in decided) == [2, 4]

@@ -29,6 +29,13 @@ cost as much as the multiplication (a SmolLM2 projection 167 -> 79 us for one ro
 32 rows; bit-identical results). The packed matrices are then the only copy: the model's projections (and an
 untied LM head) are left on the meta device, so its own forward fails loudly rather than running on stale storage.
 
+The LM head's product is timed, not assumed (`head_logits`): `x W^T` and `(W x^T)^T` are the same logits summed in
+another order, and BLAS picks its kernel by shape. On the 2-core AMD EPYC, MKL multiplies 2-8 rows by a
+49,152-row head as `x W^T` at half the speed it reads the head for one row (tiny model, 4 rows: 10.0 ms against
+4.6 as `W x^T`; SmolLM2 20.4 against 11.3), while above 8 rows neither form is reliably faster. Each row count up
+to `HEAD_TIMED_ROWS` is timed once per process on its first decode step (both forms, alternately) and the faster
+one kept: a decode batch's tail, an evaluation's few episodes.
+
 Models of another shape (sliding windows, q/k norms, MoE, tensor-parallel splits) keep transformers' forward:
 `LeanDecoder.for_model` returns None for them. `tests/inference/test_decoder.py` checks the logits against
 transformers' on prefill, prefix hits and padded decode batches.
@@ -36,13 +43,15 @@ transformers' on prefill, prefix hits and padded decode batches.
 
 from __future__ import annotations
 
+import statistics
+import time
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["LeanDecoder"]
+__all__ = ["LeanDecoder", "head_logits"]
 
 _SUPPORTED = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
 
@@ -99,6 +108,49 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
+
+
+HEAD_TIMING_RUNS = 3
+"""Runs of each form when a row count's head product is timed; the medians are compared."""
+
+HEAD_TIMED_ROWS = 8
+"""Row counts up to this are timed; more rows always use `x W^T`. Above 8 rows the two forms were within noise of
+each other on the EPYC (16: 13.7 / 13.5 ms; 32: 19.2 / 26.3 in one run, 25.3 / 17.8 in another), so three timed
+runs each could only pick by chance, at the cost of a wrong pick for every later batch of that size."""
+
+_HEAD_FORM_BY_SHAPE: dict[tuple[int, int, int, torch.dtype], bool] = {}
+"""(vocab, hidden, rows, dtype) -> whether `(W x^T)^T` beat `x W^T` when timed in this process."""
+
+
+def _head_transposed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return (weight @ x.T).T.contiguous()
+
+
+def head_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`x W^T` for the LM head's `[rows, hidden]` states: through `F.linear`, or as `(W x^T)^T` where that was
+    faster for this many rows when timed here (a plain CPU matrix only; packed and GPU ones go to `_linear`)."""
+    if weight.is_mkldnn or weight.device.type != "cpu" or x.dim() != 2 or x.shape[0] > HEAD_TIMED_ROWS:
+        return _linear(x, weight)
+    shape = (int(weight.shape[0]), int(weight.shape[1]), int(x.shape[0]), weight.dtype)
+    transposed = _HEAD_FORM_BY_SHAPE.get(shape)
+    if transposed is None:
+        transposed, logits = _time_head_forms(x, weight)
+        _HEAD_FORM_BY_SHAPE[shape] = transposed
+        return logits
+    return _head_transposed(x, weight) if transposed else F.linear(x, weight)
+
+
+def _time_head_forms(x: torch.Tensor, weight: torch.Tensor) -> tuple[bool, torch.Tensor]:
+    """Whether `(W x^T)^T` is faster than `x W^T` here (medians of `HEAD_TIMING_RUNS` alternating runs each), and
+    the logits of the last run."""
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    logits = x.new_empty(0)
+    for _ in range(HEAD_TIMING_RUNS):
+        for transposed in (False, True):
+            start = time.perf_counter()
+            logits = _head_transposed(x, weight) if transposed else F.linear(x, weight)
+            seconds[transposed].append(time.perf_counter() - start)
+    return statistics.median(seconds[True]) < statistics.median(seconds[False]), logits
 
 
 class _Layer:
@@ -198,7 +250,7 @@ class LeanDecoder:
             gate, up = _linear(x if low is None else x.to(low), layer.gate_up).chunk(2, dim=-1)
             hidden = hidden + _linear(F.silu(gate) * up, layer.down).to(hidden.dtype)
         last = F.rms_norm(hidden[:, -1], size, self.norm, self.eps)
-        return _linear(last if low is None else last.to(low), self.lm_head).float()
+        return head_logits(last if low is None else last.to(low), self.lm_head).float()
 
     @staticmethod
     def _allowed(mask: torch.Tensor, new: int) -> torch.Tensor:
