@@ -4,6 +4,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup-dev.sh
+# podman and mmdebstrap installed (apt) before anything runs beside: two apt-gets at once fail on dpkg's lock.
+# Where podman cannot run, the images tests skip, saying why.
+podman_ok=1
+bash scripts/build-images.sh --setup-only || podman_ok=0
 # The side environments (.venv-vllm: the tests marked vllm run the real vLLM CPU server; .venv-ui: MLflow for the
 # UI tests) install, mostly downloading, while lint and type checks use the CPU.
 logs=$(mktemp -d)
@@ -15,6 +19,15 @@ ui_pid=$!
 # cores, overlapping the rest of the setup), then cached outside the repository (instant).
 bash scripts/build-crd-server.sh >"$logs/crd.log" 2>&1 &
 crd_pid=$!
+# The images the images tests build (all, or those AGENTGYM_IMAGES names), built here beside the rest of the setup
+# (most of a cold build is downloading: Debian packages, wheels) so that the tests' own build finds every layer
+# cached. A failure here is only printed: that build runs again in the tests, which report it.
+images_pid=
+if [ "$podman_ok" = 1 ]; then
+  # shellcheck disable=SC2086  # the names, split
+  bash scripts/build-images.sh ${AGENTGYM_IMAGES:-} >"$logs/images.log" 2>&1 &
+  images_pid=$!
+fi
 checks=0
 { .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy; } || checks=$?
 setups=0
@@ -24,9 +37,13 @@ wait "$ui_pid" || { setups=1; echo "scripts/setup-ui.sh failed:" >&2; }
 tail -n 20 "$logs/ui.log"
 wait "$crd_pid" || { setups=1; echo "scripts/build-crd-server.sh failed:" >&2; }
 tail -n 20 "$logs/crd.log"
+if [ -n "$images_pid" ]; then
+  wait "$images_pid" || { echo "scripts/build-images.sh failed (the images tests build again):" >&2; tail -n 20 "$logs/images.log"; }
+fi
 [ "$checks" -eq 0 ] && [ "$setups" -eq 0 ] || exit 1
 # The tests marked images build every image with podman (scripts/build-images.sh, installed here when missing) and
 # run each as the chart runs it. Layers are cached in podman's storage: ~14 min cold on 2 cores, about a minute when
-# only the platform's sources changed (dependencies install in layers keyed by the requirement lists alone).
+# only the platform's sources changed (dependencies install in layers keyed by the requirement lists alone); the
+# build above has left them cached.
 # AGENTGYM_IMAGES="operator env-babyai" narrows it; the tests of images not built then skip, saying so.
-.venv/bin/pytest -q -p no:cacheprovider --durations=15 "$@"
+.venv/bin/pytest -q -p no:cacheprovider --durations=40 "$@"
