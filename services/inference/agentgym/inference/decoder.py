@@ -122,8 +122,9 @@ _HEAD_FORM_BY_SHAPE: dict[tuple[int, int, int, torch.dtype], bool] = {}
 """(vocab, hidden, rows, dtype) -> whether `(W x^T)^T` beat `x W^T` when timed in this process."""
 
 
-def _head_transposed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return (weight @ x.T).T.contiguous()
+def _head_product(x: torch.Tensor, weight: torch.Tensor, transposed: bool) -> torch.Tensor:
+    """`x W^T`, computed as `(W x^T)^T` when `transposed`."""
+    return (weight @ x.T).T.contiguous() if transposed else F.linear(x, weight)
 
 
 def head_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -137,7 +138,7 @@ def head_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         transposed, logits = _time_head_forms(x, weight)
         _HEAD_FORM_BY_SHAPE[shape] = transposed
         return logits
-    return _head_transposed(x, weight) if transposed else F.linear(x, weight)
+    return _head_product(x, weight, transposed)
 
 
 def _time_head_forms(x: torch.Tensor, weight: torch.Tensor) -> tuple[bool, torch.Tensor]:
@@ -148,7 +149,7 @@ def _time_head_forms(x: torch.Tensor, weight: torch.Tensor) -> tuple[bool, torch
     for _ in range(HEAD_TIMING_RUNS):
         for transposed in (False, True):
             start = time.perf_counter()
-            logits = _head_transposed(x, weight) if transposed else F.linear(x, weight)
+            logits = _head_product(x, weight, transposed)
             seconds[transposed].append(time.perf_counter() - start)
     return statistics.median(seconds[True]) < statistics.median(seconds[False]), logits
 
