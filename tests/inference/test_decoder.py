@@ -265,22 +265,38 @@ def test_a_bf16_engine_samples_with_autocasts_logprobs_and_caches_twice_the_toke
 DTYPES = ("float32", "bfloat16")
 
 
-def test_the_lm_head_is_timed_once_per_row_count_and_either_form_gives_its_logits(
+def test_the_lm_head_is_timed_once_per_row_count_and_either_layout_gives_its_logits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(decoder_module, "_HEAD_FORM_BY_SHAPE", {})
+    monkeypatch.setattr(decoder_module, "_HEAD_PACKED_BY_SHAPE", {})
     generator = torch.Generator().manual_seed(0)
     head = torch.randn(1000, 64, generator=generator)
+    packed = decoder_module._pack_float32(head)
+    assert packed is not None and packed.is_mkldnn
     states = torch.randn(4, 64, generator=generator)
     expected = torch.nn.functional.linear(states, head)
-    timed = decoder_module.head_logits(states, head)
-    decided = decoder_module._HEAD_FORM_BY_SHAPE
-    assert list(decided) == [(1000, 64, 4, torch.float32)]
+    timed = decoder_module.head_logits(states, head, packed)
+    decided = decoder_module._HEAD_PACKED_BY_SHAPE
+    assert list(decided) == [(1000, 64, 4)]
     torch.testing.assert_close(timed, expected, atol=1e-5, rtol=1e-5)
-    for transposed in (False, True):  # the form a row count was given is the one it runs
-        decided[(1000, 64, 4, torch.float32)] = transposed
-        logits = decoder_module.head_logits(states, head)
-        assert logits.is_contiguous() and logits.shape == (4, 1000)
-        assert torch.equal(logits, (head @ states.T).T if transposed else expected)
-    decoder_module.head_logits(states[:2], head)  # another row count is timed on its own
-    assert sorted(rows for _, _, rows, _ in decided) == [2, 4]
+    for use_packed in (False, True):  # the layout a row count was given is the one it runs
+        decided[(1000, 64, 4)] = use_packed
+        logits = decoder_module.head_logits(states, head, packed)
+        assert logits.shape == (4, 1000)
+        if use_packed:
+            torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+            assert torch.equal(logits, torch.ops.mkldnn._linear_pointwise(states, packed, None, "none", [], ""))
+        else:
+            assert torch.equal(logits, expected)
+    decoder_module.head_logits(states[:2], head, packed)  # another row count is timed on its own
+    assert sorted(rows for _, _, rows in decided) == [2, 4]
+    assert decoder_module.head_logits(states, head) is not None and len(decided) == 2  # no packed copy: not timed
+
+
+def test_a_float32_cpu_decoder_keeps_a_packed_copy_of_its_head_only() -> None:
+    model = tiny_llama()
+    lean = LeanDecoder(model)
+    assert lean.lm_head_packed is not None and lean.lm_head_packed.is_mkldnn
+    assert not lean.lm_head.is_mkldnn and lean.lm_head.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert not any(layer.qkv.is_mkldnn or layer.gate_up.is_mkldnn for layer in lean.layers)
+    assert decoder_module._pack_float32(torch.zeros(8, 4, dtype=torch.bfloat16)) is None

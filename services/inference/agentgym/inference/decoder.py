@@ -29,12 +29,14 @@ cost as much as the multiplication (a SmolLM2 projection 167 -> 79 us for one ro
 32 rows; bit-identical results). The packed matrices are then the only copy: the model's projections (and an
 untied LM head) are left on the meta device, so its own forward fails loudly rather than running on stale storage.
 
-The LM head's product is timed, not assumed (`head_logits`): `x W^T` and `(W x^T)^T` are the same logits summed in
-another order, and BLAS picks its kernel by shape. On the 2-core AMD EPYC, MKL multiplies 2-8 rows by a
-49,152-row head as `x W^T` at half the speed it reads the head for one row (tiny model, 4 rows: 10.0 ms against
-4.6 as `W x^T`; SmolLM2 20.4 against 11.3), while above 8 rows neither form is reliably faster. Each row count up
-to `HEAD_TIMED_ROWS` is timed once per process on its first decode step (both forms, alternately) and the faster
-one kept: a decode batch's tail, an evaluation's few episodes.
+The float32 LM head is multiplied in whichever of two layouts is faster here, timed rather than assumed
+(`head_logits`): the plain matrix through `F.linear` (MKL), or a packed copy through oneDNN, made once per weight
+load (`_pack_float32`; the same logits summed in another order). On the 2-core AMD EPYC, MKL multiplies the tiny
+model's 49,152-row head at 4.5 ms for one row, 10-12 ms for 2-8 rows and 19.9 ms for 32, oneDNN's packed copy at
+3.5, 3.1-5.9 and 13.2 ms (SmolLM2's head at 32 rows: 39.5 against 30.5 ms); the layers' small matrices gained
+nothing from packing and stay plain. Each row count is timed once per process on its first use (both layouts,
+alternately) and the faster one kept. The packed copy costs the head's size once more in memory (tiny model 50 MB,
+SmolLM2 113 MB; a tied head's plain matrix is the embedding and stays either way).
 
 Models of another shape (sliding windows, q/k norms, MoE, tensor-parallel splits) keep transformers' forward:
 `LeanDecoder.for_model` returns None for them. `tests/inference/test_decoder.py` checks the logits against
@@ -110,47 +112,48 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     return F.linear(x, weight, bias)
 
 
+def _pack_float32(weight: torch.Tensor) -> torch.Tensor | None:
+    """A packed (oneDNN) copy of a float32 CPU matrix, for `head_logits` to time against the plain one; None where
+    there is no such layout (GPU, other dtypes, no oneDNN)."""
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACKED_ROWS)
+    except RuntimeError:  # a build whose oneDNN cannot pack float32: the plain matrix serves alone
+        return None
+
+
 HEAD_TIMING_RUNS = 3
-"""Runs of each form when a row count's head product is timed; the medians are compared."""
+"""Runs of each layout when a row count's head product is timed; the medians are compared."""
 
-HEAD_TIMED_ROWS = 8
-"""Row counts up to this are timed; more rows always use `x W^T`. Above 8 rows the two forms were within noise of
-each other on the EPYC (16: 13.7 / 13.5 ms; 32: 19.2 / 26.3 in one run, 25.3 / 17.8 in another), so three timed
-runs each could only pick by chance, at the cost of a wrong pick for every later batch of that size."""
-
-_HEAD_FORM_BY_SHAPE: dict[tuple[int, int, int, torch.dtype], bool] = {}
-"""(vocab, hidden, rows, dtype) -> whether `(W x^T)^T` beat `x W^T` when timed in this process."""
+_HEAD_PACKED_BY_SHAPE: dict[tuple[int, int, int], bool] = {}
+"""(vocab, hidden, rows) -> whether the packed layout beat the plain one when timed in this process."""
 
 
-def _head_product(x: torch.Tensor, weight: torch.Tensor, transposed: bool) -> torch.Tensor:
-    """`x W^T`, computed as `(W x^T)^T` when `transposed`."""
-    return (weight @ x.T).T.contiguous() if transposed else F.linear(x, weight)
-
-
-def head_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`x W^T` for the LM head's `[rows, hidden]` states: through `F.linear`, or as `(W x^T)^T` where that was
-    faster for this many rows when timed here (a plain CPU matrix only; packed and GPU ones go to `_linear`)."""
-    if weight.is_mkldnn or weight.device.type != "cpu" or x.dim() != 2 or x.shape[0] > HEAD_TIMED_ROWS:
+def head_logits(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None = None) -> torch.Tensor:
+    """`x W^T` for the LM head's `[rows, hidden]` states: with the plain `weight`, or with its `packed` copy
+    (`_pack_float32`) where that was faster for this many rows when timed here."""
+    if packed is None or x.dim() != 2:
         return _linear(x, weight)
-    shape = (int(weight.shape[0]), int(weight.shape[1]), int(x.shape[0]), weight.dtype)
-    transposed = _HEAD_FORM_BY_SHAPE.get(shape)
-    if transposed is None:
-        transposed, logits = _time_head_forms(x, weight)
-        _HEAD_FORM_BY_SHAPE[shape] = transposed
+    shape = (int(weight.shape[0]), int(weight.shape[1]), int(x.shape[0]))
+    use_packed = _HEAD_PACKED_BY_SHAPE.get(shape)
+    if use_packed is None:
+        use_packed, logits = _time_head_layouts(x, weight, packed)
+        _HEAD_PACKED_BY_SHAPE[shape] = use_packed
         return logits
-    return _head_product(x, weight, transposed)
+    return _linear(x, packed if use_packed else weight)
 
 
-def _time_head_forms(x: torch.Tensor, weight: torch.Tensor) -> tuple[bool, torch.Tensor]:
-    """Whether `(W x^T)^T` is faster than `x W^T` here (medians of `HEAD_TIMING_RUNS` alternating runs each), and
-    the logits of the last run."""
+def _time_head_layouts(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor) -> tuple[bool, torch.Tensor]:
+    """Whether `packed` multiplies `x` faster than the plain `weight` (medians of `HEAD_TIMING_RUNS` alternating
+    runs each), and the logits of the last run."""
     seconds: dict[bool, list[float]] = {False: [], True: []}
     logits = x.new_empty(0)
     for _ in range(HEAD_TIMING_RUNS):
-        for transposed in (False, True):
+        for use_packed in (False, True):
             start = time.perf_counter()
-            logits = _head_product(x, weight, transposed)
-            seconds[transposed].append(time.perf_counter() - start)
+            logits = _linear(x, packed if use_packed else weight)
+            seconds[use_packed].append(time.perf_counter() - start)
     return statistics.median(seconds[True]) < statistics.median(seconds[False]), logits
 
 
@@ -186,6 +189,7 @@ class LeanDecoder:
         # A head tied to the embedding gets its own low-precision copy: the embedding lookup stays float32.
         head = model.lm_head.weight.detach()
         self.lm_head = head if matmul_dtype is None else _pack(head.to(matmul_dtype))
+        self.lm_head_packed = _pack_float32(self.lm_head) if not self.lm_head.is_mkldnn else None
         if self.lm_head.is_mkldnn and head.data_ptr() != self.embed.data_ptr():
             model.lm_head.weight = nn.Parameter(head.to("meta"), requires_grad=False)  # untied: the packed one only
         self.layers = [_Layer(layer, matmul_dtype) for layer in inner.layers]
@@ -251,7 +255,7 @@ class LeanDecoder:
             gate, up = _linear(x if low is None else x.to(low), layer.gate_up).chunk(2, dim=-1)
             hidden = hidden + _linear(F.silu(gate) * up, layer.down).to(hidden.dtype)
         last = F.rms_norm(hidden[:, -1], size, self.norm, self.eps)
-        return head_logits(last if low is None else last.to(low), self.lm_head).float()
+        return head_logits(last if low is None else last.to(low), self.lm_head, self.lm_head_packed).float()
 
     @staticmethod
     def _allowed(mask: torch.Tensor, new: int) -> torch.Tensor:
