@@ -272,31 +272,93 @@ def test_the_lm_head_is_timed_once_per_row_count_and_either_layout_gives_its_log
     generator = torch.Generator().manual_seed(0)
     head = torch.randn(1000, 64, generator=generator)
     packed = decoder_module._pack_float32(head)
-    assert packed is not None and packed.is_mkldnn
+    assert packed is not None and len(packed) == 1 and packed[0].is_mkldnn
     states = torch.randn(4, 64, generator=generator)
     expected = torch.nn.functional.linear(states, head)
     timed = decoder_module.head_logits(states, head, packed)
     decided = decoder_module._HEAD_PACKED_BY_SHAPE
-    assert list(decided) == [(1000, 64, 4)]
+    assert list(decided) == [(1000, 64, 4, False)]
     torch.testing.assert_close(timed, expected, atol=1e-5, rtol=1e-5)
     for use_packed in (False, True):  # the layout a row count was given is the one it runs
-        decided[(1000, 64, 4)] = use_packed
+        decided[(1000, 64, 4, False)] = use_packed
         logits = decoder_module.head_logits(states, head, packed)
         assert logits.shape == (4, 1000)
         if use_packed:
             torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
-            assert torch.equal(logits, torch.ops.mkldnn._linear_pointwise(states, packed, None, "none", [], ""))
+            assert torch.equal(logits, torch.ops.mkldnn._linear_pointwise(states, packed[0], None, "none", [], ""))
         else:
             assert torch.equal(logits, expected)
     decoder_module.head_logits(states[:2], head, packed)  # another row count is timed on its own
-    assert sorted(rows for _, _, rows in decided) == [2, 4]
+    assert sorted(rows for _, _, rows, _ in decided) == [2, 4]
     assert decoder_module.head_logits(states, head) is not None and len(decided) == 2  # no packed copy: not timed
 
 
 def test_a_float32_cpu_decoder_keeps_a_packed_copy_of_its_head_only() -> None:
     model = tiny_llama()
     lean = LeanDecoder(model)
-    assert lean.lm_head_packed is not None and lean.lm_head_packed.is_mkldnn
+    assert lean.lm_head_packed is not None and [part.is_mkldnn for part in lean.lm_head_packed] == [True]
     assert not lean.lm_head.is_mkldnn and lean.lm_head.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     assert not any(layer.qkv.is_mkldnn or layer.gate_up.is_mkldnn for layer in lean.layers)
     assert decoder_module._pack_float32(torch.zeros(8, 4, dtype=torch.bfloat16)) is None
+
+
+def test_a_head_helper_shares_the_heads_product_and_gives_the_same_logits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(decoder_module, "_HEAD_PACKED_BY_SHAPE", {})
+    generator = torch.Generator().manual_seed(0)
+    head = torch.randn(1000, 64, generator=generator)
+    slices = decoder_module._pack_float32(head, decoder_module.HEAD_CHUNKS)
+    assert slices is not None and len(slices) == decoder_module.HEAD_CHUNKS
+    helper = decoder_module.HeadHelper()
+    try:
+        for rows in (1, 3, 8, 32, 3):  # a row count seen again reuses its timed layout
+            states = torch.randn(rows, 64, generator=generator)
+            one_thread = torch.cat([decoder_module._linear(states, part) for part in slices], dim=1)
+            shared = helper.product(states, slices)
+            assert torch.equal(shared, one_thread) and shared.shape == (rows, 1000)
+            torch.testing.assert_close(shared, torch.nn.functional.linear(states, head), atol=1e-5, rtol=1e-5)
+            logits = decoder_module.head_logits(states, head, slices, helper)
+            torch.testing.assert_close(logits, one_thread, atol=1e-5, rtol=1e-5)
+        assert sorted(key[2] for key in decoder_module._HEAD_PACKED_BY_SHAPE) == [1, 3, 8, 32]
+        assert all(key[3] for key in decoder_module._HEAD_PACKED_BY_SHAPE)  # timed as shared, apart from alone
+        with pytest.raises(RuntimeError):  # a failed product reaches the caller; the helper serves the next one
+            helper.product(torch.randn(2, 65, generator=generator), slices)
+        states = torch.randn(2, 64, generator=generator)
+        assert torch.equal(helper.product(states, slices), decoder_module._packed_product(states, slices, None))
+    finally:
+        helper.close()
+    assert not helper._thread.is_alive()
+
+
+def test_an_engine_with_one_thread_and_a_spare_core_shares_its_head_and_generates_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+
+    from agentgym.inference import engine as engine_module
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        monkeypatch.setattr(engine_module, "available_cpus", lambda: 2)
+        assert engine_module.wants_head_helper(torch.device("cpu"))
+        assert not engine_module.wants_head_helper(torch.device("cuda"))
+        torch.set_num_threads(2)  # the head is a parallel product already
+        assert not engine_module.wants_head_helper(torch.device("cpu"))
+        torch.set_num_threads(1)
+        monkeypatch.setattr(engine_module, "available_cpus", lambda: 1)
+        assert not engine_module.wants_head_helper(torch.device("cpu"))
+        results = {}
+        for shared in (True, False):
+            monkeypatch.setattr(engine_module, "wants_head_helper", lambda device, shared=shared: shared)
+            engine = Engine(tiny_model_dir(), device="cpu", max_batch_size=4)
+            try:
+                assert engine._lean is not None and engine._lean.lm_head_packed is not None
+                assert (engine._head_helper is not None) == shared
+                assert len(engine._lean.lm_head_packed) == (decoder_module.HEAD_CHUNKS if shared else 1)
+                results[shared] = asyncio.run(_greedy(engine))
+            finally:
+                engine.close()
+            assert engine._head_helper is None or not engine._head_helper._thread.is_alive()
+        assert results[True] == results[False]
+    finally:
+        torch.set_num_threads(threads)

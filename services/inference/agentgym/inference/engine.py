@@ -77,6 +77,7 @@ from typing import Any
 import torch
 
 from agentgym.allocator import retain_freed_memory
+from agentgym.cpus import available_cpus
 from agentgym.inference.batching import (
     _PREFILL_OVERHEAD_TOKENS,
     FINISH_LENGTH,
@@ -97,7 +98,7 @@ from agentgym.inference.batching import (
     sample_next,
     shared_prefix_jobs,
 )
-from agentgym.inference.decoder import LeanDecoder
+from agentgym.inference.decoder import HeadHelper, LeanDecoder
 from agentgym.inference.errors import (
     EngineClosedError,
     EngineError,
@@ -132,12 +133,22 @@ LEAN_DECODER_VARIABLE = "AGENTGYM_LEAN_DECODER"
 """Set to 0 to run every forward pass through transformers' own forward (the lean one is on by default)."""
 
 
-def lean_decoder(model: Any, growable: bool, matmul_dtype: torch.dtype | None = None) -> LeanDecoder | None:
-    """The lean forward pass for `model` (`decoder.LeanDecoder`, its matmuls in `matmul_dtype` when given) when
-    its shape has one and its KV cache is the engine's growing layers; None to use transformers' forward."""
+def lean_decoder(
+    model: Any, growable: bool, matmul_dtype: torch.dtype | None = None, head_helper: HeadHelper | None = None
+) -> LeanDecoder | None:
+    """The lean forward pass for `model` (`decoder.LeanDecoder`, its matmuls in `matmul_dtype` when given, its LM
+    head shared with `head_helper`) when its shape has one and its KV cache is the engine's growing layers; None
+    to use transformers' forward."""
     if not growable or os.environ.get(LEAN_DECODER_VARIABLE, "1") == "0":
         return None
-    return LeanDecoder.for_model(model, matmul_dtype)
+    return LeanDecoder.for_model(model, matmul_dtype, head_helper)
+
+
+def wants_head_helper(device: torch.device) -> bool:
+    """Whether an engine shares its LM head with a `decoder.HeadHelper` thread: on CPU with one intra-op thread
+    and a core beside it (2 cores: the engine's default of the usable cores but one). With more intra-op threads
+    the head is already a parallel product, and a helper would add a second team of them."""
+    return device.type == "cpu" and torch.get_num_threads() == 1 and available_cpus() >= 2
 
 
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
@@ -225,7 +236,8 @@ class Engine:
         self._version = policy_version
         self.metrics.policy_version.set(policy_version)
         self._growable = growable_cache(self._model)
-        self._lean = lean_decoder(self._model, self._growable, self.matmul_dtype)
+        self._head_helper = HeadHelper() if wants_head_helper(self.device) else None
+        self._lean = lean_decoder(self._model, self._growable, self.matmul_dtype, self._head_helper)
         if self._lean is None and self.matmul_dtype is not None:
             log.warning("bf16 matmuls need the lean forward pass (a Llama-shaped model): computing in float32")
             self.matmul_dtype = None
@@ -346,6 +358,8 @@ class Engine:
             self._closing = True
             self._cond.notify_all()
         self._thread.join(timeout)
+        if self._head_helper is not None:
+            self._head_helper.close()
 
     # ------------------------------------------------------------------ weight loading
 
@@ -432,7 +446,7 @@ class Engine:
         self._version = swap.version
         self.eos_token_ids = eos_ids(self._model, self.tokenizer)
         self._growable = growable_cache(self._model)
-        self._lean = lean_decoder(self._model, self._growable, self.matmul_dtype)
+        self._lean = lean_decoder(self._model, self._growable, self.matmul_dtype, self._head_helper)
         self.metrics.prefix_cache_capacity.set(self._prefix.max_tokens if self._caching else 0)
         # KV computed by the old weights must never serve the new ones.
         dropped = self._prefix.clear()
