@@ -39,12 +39,15 @@ alternately) and the faster one kept. The packed copy costs the head's size once
 SmolLM2 113 MB; a tied head's plain matrix is the embedding and stays either way).
 
 With one intra-op thread on a machine of two or more cores (the engine's default on 2 cores: the usable cores but
-one), the packed head is kept in `HEAD_CHUNKS` slices of the vocabulary and a `HeadHelper` thread multiplies some
-of them while the engine's thread multiplies the rest. The head is the one product of a decode step large enough
-to share without a barrier: each thread takes the next slice until none is left, so a helper descheduled by a
-busy neighbour delays the step by one slice at most, where an OpenMP team of two would wait for its whole half.
-Tiny model's head on the EPYC, 32 rows: 15.1 -> 9.3 ms, 1-8 rows 3.7-6.6 -> 2.3-3.4; with another process keeping a
-core busy 14.5 -> 14.5 ms (the helper gets little, and costs nothing).
+one), the packed head is kept in `HEAD_CHUNKS` slices of the vocabulary and a `HeadHelper` thread multiplies some of
+them while the engine's thread multiplies the rest. The head is the one product of a decode step large enough to
+share without a barrier: each thread takes the next slice until none is left, so a helper descheduled by a busy
+neighbour delays the step by one slice at most, where an OpenMP team of two would wait for its whole half. Tiny
+model's head on the EPYC, 32 rows: 15.1 -> 9.3 ms, 1-8 rows 3.7-6.6 -> 2.3-3.4; with another process keeping a core
+busy no faster (14.5 ms either way). On the rollout step (`rollout_engines_bench`, medians of 5, two runs) 1.12x and
+1.16x, and with a core busy 0.93x and 0.97x (the helper and the engine's thread then share the one core left).
+Re-timing the layouts every 500 products, to follow such a neighbour, measured within that noise under contention
+and lost half the gain without it, so each row count is timed once.
 
 Models of another shape (sliding windows, q/k norms, MoE, tensor-parallel splits) keep transformers' forward:
 `LeanDecoder.for_model` returns None for them. `tests/inference/test_decoder.py` checks the logits against
