@@ -360,5 +360,12 @@ def test_an_engine_with_one_thread_and_a_spare_core_shares_its_head_and_generate
                 engine.close()
             assert engine._head_helper is None or not engine._head_helper._thread.is_alive()
         assert results[True] == results[False]
+        monkeypatch.setattr(engine_module, "wants_head_helper", lambda device: True)
+        monkeypatch.setenv("AGENTGYM_LEAN_DECODER", "0")  # transformers' forward: no head to share, no thread
+        engine = Engine(tiny_model_dir(), device="cpu", max_batch_size=4)
+        try:
+            assert engine._lean is None and engine._head_helper is None
+        finally:
+            engine.close()
     finally:
         torch.set_num_threads(threads)

@@ -198,7 +198,8 @@ class HeadHelper:
             with self._cond:
                 if generation == self._generation:
                     self._finished += 1
-                    self._cond.notify_all()
+                    if self._finished == len(chunks):  # only the caller waits for this, and only for the last
+                        self._cond.notify_all()
 
     def _serve(self) -> None:
         # This thread's own OpenMP setting: unset, oneDNN would run its products on a team of every core.

@@ -238,6 +238,11 @@ class Engine:
         self._growable = growable_cache(self._model)
         self._head_helper = HeadHelper() if wants_head_helper(self.device) else None
         self._lean = lean_decoder(self._model, self._growable, self.matmul_dtype, self._head_helper)
+        if self._head_helper is not None and (self._lean is None or self._lean.lm_head_packed is None):
+            # Nothing to share (transformers' forward, or a head packed for bf16): no idle thread. A weight swap
+            # keeps the architecture and dtype, so it would have nothing to share either.
+            self._head_helper.close()
+            self._head_helper = None
         if self._lean is None and self.matmul_dtype is not None:
             log.warning("bf16 matmuls need the lean forward pass (a Llama-shaped model): computing in float32")
             self.matmul_dtype = None
