@@ -74,10 +74,22 @@ def left_padded(lengths: list[int], vocab: int, generator: torch.Generator) -> t
     return ids, mask, positions
 
 
+@pytest.fixture
+def share_everything(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A `ForwardHelper` that every projection and attention of the tests' small models is shared with."""
+    monkeypatch.setattr(decoder_module, "SHARED_PRODUCT_MACS", 0)
+    monkeypatch.setattr(decoder_module, "SHARED_ATTENTION_MACS", 0)
+    helper = decoder_module.ForwardHelper()
+    yield helper
+    helper.close()
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["one-thread", "shared"])
 @pytest.mark.parametrize("build", [tiny_llama, tiny_qwen2], ids=["llama", "qwen2"])
-def test_prefill_decode_and_a_prefix_hit_chunk_match_transformers(build: Any) -> None:
+def test_prefill_decode_and_a_prefix_hit_chunk_match_transformers(build: Any, shared: bool, request: Any) -> None:
     model = build()
-    lean = LeanDecoder.for_model(model)
+    helper = request.getfixturevalue("share_everything") if shared else None
+    lean = LeanDecoder.for_model(model, helper=helper)
     assert lean is not None
     vocab = int(model.config.vocab_size)
     generator = torch.Generator().manual_seed(1)
@@ -107,6 +119,8 @@ def test_prefill_decode_and_a_prefix_hit_chunk_match_transformers(build: Any) ->
         chunk = torch.randint(3, vocab, (3, new), generator=generator)
         expected = hf_logits(model, chunk, mask, positions, theirs)
         torch.testing.assert_close(lean.forward(chunk, mask, positions, ours), expected)
+    if helper is not None:  # 5 forwards x layers x (4 projections + attention) + the head's
+        assert helper._generation >= 5 * 5 * len(lean.layers)
     # The KV both wrote agree on every real column.
     real = mask[:, None, :, None].bool()
     for mine, reference in zip(ours.layers, theirs.layers, strict=True):
@@ -302,13 +316,13 @@ def test_a_float32_cpu_decoder_keeps_a_packed_copy_of_its_head_only() -> None:
     assert decoder_module._pack_float32(torch.zeros(8, 4, dtype=torch.bfloat16)) is None
 
 
-def test_a_head_helper_shares_the_heads_product_and_gives_the_same_logits(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_forward_helper_shares_the_heads_product_and_gives_the_same_logits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(decoder_module, "_HEAD_PACKED_BY_SHAPE", {})
     generator = torch.Generator().manual_seed(0)
     head = torch.randn(1000, 64, generator=generator)
     slices = decoder_module._pack_float32(head, decoder_module.HEAD_CHUNKS)
     assert slices is not None and len(slices) == decoder_module.HEAD_CHUNKS
-    helper = decoder_module.HeadHelper()
+    helper = decoder_module.ForwardHelper()
     try:
         for rows in (1, 3, 8, 32, 3):  # a row count seen again reuses its timed layout
             states = torch.randn(rows, 64, generator=generator)
@@ -329,6 +343,50 @@ def test_a_head_helper_shares_the_heads_product_and_gives_the_same_logits(monkey
     assert not helper._thread.is_alive()
 
 
+def test_shared_projections_and_attention_equal_one_threads_and_small_ones_are_not_shared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    generator = torch.Generator().manual_seed(3)
+    weight, bias = torch.randn(96, 40, generator=generator), torch.randn(96, generator=generator)
+    states = torch.randn(3, 5, 40, generator=generator)  # [batch, new, hidden], as in a prefill
+    helper = decoder_module.ForwardHelper()
+    try:
+        expected = torch.nn.functional.linear(states, weight, bias)
+        assert torch.equal(decoder_module.shared_linear(states, weight, bias, helper), expected)
+        assert helper._generation == 0, "600 multiply-adds a row: below the thresholds, not shared"
+        monkeypatch.setattr(decoder_module, "SHARED_PRODUCT_MACS", 0)
+        shared = decoder_module.shared_linear(states, weight, bias, helper)
+        assert helper._generation == 1 and shared.shape == expected.shape
+        torch.testing.assert_close(shared, expected, atol=1e-6, rtol=1e-6)
+        monkeypatch.setattr(decoder_module, "SHARED_PRODUCT_MACS", 1 << 40)
+        monkeypatch.setattr(decoder_module, "SHARED_PRODUCT_WEIGHTS", weight.numel())  # a large matrix: shared
+        torch.testing.assert_close(
+            decoder_module.shared_linear(states[:1, :1], weight, None, helper), expected[:1, :1] - bias
+        )
+        assert helper._generation == 2
+
+        heads, kv_heads, head_dim, columns = 4, 2, 8, 7
+        for batch, new in ((3, 1), (1, 4)):  # decode rows split by batch; one row's prefill by key/value heads
+            q = torch.randn(batch, heads, new, head_dim, generator=generator)
+            keys = torch.randn(batch, kv_heads, columns, head_dim, generator=generator)
+            values = torch.randn(batch, kv_heads, columns, head_dim, generator=generator)
+            allowed = torch.rand(batch, 1, new, columns, generator=generator) > 0.4
+            allowed[..., -1] = True
+            expected = torch.nn.functional.scaled_dot_product_attention(
+                q, keys, values, attn_mask=allowed, scale=0.3, enable_gqa=True
+            )
+            before = helper._generation
+            assert torch.equal(decoder_module.shared_attention(q, keys, values, allowed, 0.3, helper), expected)
+            assert helper._generation == before, "below SHARED_ATTENTION_MACS: not shared"
+            monkeypatch.setattr(decoder_module, "SHARED_ATTENTION_MACS", 0)
+            shared = decoder_module.shared_attention(q, keys, values, allowed, 0.3, helper)
+            monkeypatch.setattr(decoder_module, "SHARED_ATTENTION_MACS", 1 << 40)
+            assert helper._generation == before + 1 and shared.shape == expected.shape
+            torch.testing.assert_close(shared, expected, atol=1e-6, rtol=1e-6)
+    finally:
+        helper.close()
+
+
 def test_an_engine_with_one_thread_and_a_spare_core_shares_its_head_and_generates_the_same(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -340,31 +398,31 @@ def test_an_engine_with_one_thread_and_a_spare_core_shares_its_head_and_generate
     try:
         torch.set_num_threads(1)
         monkeypatch.setattr(engine_module, "available_cpus", lambda: 2)
-        assert engine_module.wants_head_helper(torch.device("cpu"))
-        assert not engine_module.wants_head_helper(torch.device("cuda"))
+        assert engine_module.wants_forward_helper(torch.device("cpu"))
+        assert not engine_module.wants_forward_helper(torch.device("cuda"))
         torch.set_num_threads(2)  # the head is a parallel product already
-        assert not engine_module.wants_head_helper(torch.device("cpu"))
+        assert not engine_module.wants_forward_helper(torch.device("cpu"))
         torch.set_num_threads(1)
         monkeypatch.setattr(engine_module, "available_cpus", lambda: 1)
-        assert not engine_module.wants_head_helper(torch.device("cpu"))
+        assert not engine_module.wants_forward_helper(torch.device("cpu"))
         results = {}
         for shared in (True, False):
-            monkeypatch.setattr(engine_module, "wants_head_helper", lambda device, shared=shared: shared)
+            monkeypatch.setattr(engine_module, "wants_forward_helper", lambda device, shared=shared: shared)
             engine = Engine(tiny_model_dir(), device="cpu", max_batch_size=4)
             try:
                 assert engine._lean is not None and engine._lean.lm_head_packed is not None
-                assert (engine._head_helper is not None) == shared
+                assert (engine._forward_helper is not None) == shared
                 assert len(engine._lean.lm_head_packed) == (decoder_module.HEAD_CHUNKS if shared else 1)
                 results[shared] = asyncio.run(_greedy(engine))
             finally:
                 engine.close()
-            assert engine._head_helper is None or not engine._head_helper._thread.is_alive()
+            assert engine._forward_helper is None or not engine._forward_helper._thread.is_alive()
         assert results[True] == results[False]
-        monkeypatch.setattr(engine_module, "wants_head_helper", lambda device: True)
+        monkeypatch.setattr(engine_module, "wants_forward_helper", lambda device: True)
         monkeypatch.setenv("AGENTGYM_LEAN_DECODER", "0")  # transformers' forward: no head to share, no thread
         engine = Engine(tiny_model_dir(), device="cpu", max_batch_size=4)
         try:
-            assert engine._lean is None and engine._head_helper is None
+            assert engine._lean is None and engine._forward_helper is None
         finally:
             engine.close()
     finally:

@@ -59,13 +59,15 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["HeadHelper", "LeanDecoder", "head_logits"]
+__all__ = ["ForwardHelper", "LeanDecoder", "head_logits", "shared_attention", "shared_linear"]
 
 _SUPPORTED = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
 
@@ -125,7 +127,7 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
 
 
 HEAD_CHUNKS = 4
-"""Vocabulary slices of a packed head shared with a `HeadHelper`: enough that the two threads even out, few
+"""Vocabulary slices of a packed head shared with a `ForwardHelper`: enough that the two threads even out, few
 enough that each slice is one efficient product (2, 4 and 8 were within 10 % of each other; 4 the best)."""
 
 
@@ -142,40 +144,46 @@ def _pack_float32(weight: torch.Tensor, chunks: int = 1) -> list[torch.Tensor] |
         return None
 
 
-class HeadHelper:
-    """A second thread for the LM head's product: it and the calling thread each take the next packed slice of
-    the head until none is left (see the module's docstring). One caller at a time (the engine's worker)."""
+class ForwardHelper:
+    """A second thread for a forward pass's large operations: each is cut into independent parts (vocabulary slices
+    of the head, output-column slices of a projection, batch rows or key/value heads of attention) and this thread
+    and the calling one each take the next part until none is left (see the module's docstring). One caller at a
+    time (the engine's worker)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._generation = 0
-        self._job: tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor | None]] | None = None
+        self._job: tuple[Sequence[Callable[[], torch.Tensor]], list[torch.Tensor | None]] | None = None
         self._next = 0
         self._finished = 0
         self._error: BaseException | None = None
         self._closed = False
-        self._thread = threading.Thread(target=self._serve, name="lm-head-helper", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="forward-helper", daemon=True)
         self._thread.start()
 
-    def product(self, x: torch.Tensor, chunks: list[torch.Tensor]) -> torch.Tensor:
-        """`x W^T` for the head whose packed row slices are `chunks`: `[rows, vocab]`."""
-        results: list[torch.Tensor | None] = [None] * len(chunks)
+    def run(self, parts: Sequence[Callable[[], torch.Tensor]]) -> list[torch.Tensor]:
+        """Each part's result, in order; a part's error is raised here (the helper then serves the next call)."""
+        results: list[torch.Tensor | None] = [None] * len(parts)
         with self._cond:
             self._generation += 1
             generation = self._generation
-            self._job, self._next, self._finished, self._error = (x, chunks, results), 0, 0, None
+            self._job, self._next, self._finished, self._error = (parts, results), 0, 0, None
             self._cond.notify_all()
         try:
-            self._work(generation, x, chunks, results)
+            self._work(generation, parts, results)
             with self._cond:
-                while self._finished < len(chunks) and self._error is None:
+                while self._finished < len(parts) and self._error is None:
                     self._cond.wait()
                 if self._error is not None:
                     raise self._error
         finally:
             with self._cond:
                 self._job = None
-        return torch.cat(results, dim=1)  # type: ignore[arg-type]  # every slot is filled once all are finished
+        return results  # type: ignore[return-value]  # every slot is filled once all are finished
+
+    def product(self, x: torch.Tensor, chunks: list[torch.Tensor]) -> torch.Tensor:
+        """`x W^T` for the head whose packed row slices are `chunks`: `[rows, vocab]`."""
+        return torch.cat(self.run([partial(_linear, x, chunk) for chunk in chunks]), dim=1)
 
     def close(self) -> None:
         with self._cond:
@@ -191,14 +199,14 @@ class HeadHelper:
             return self._next - 1
 
     def _work(
-        self, generation: int, x: torch.Tensor, chunks: list[torch.Tensor], results: list[torch.Tensor | None]
+        self, generation: int, parts: Sequence[Callable[[], torch.Tensor]], results: list[torch.Tensor | None]
     ) -> None:
-        while (index := self._take(generation, len(chunks))) is not None:
-            results[index] = _linear(x, chunks[index])
+        while (index := self._take(generation, len(parts))) is not None:
+            results[index] = parts[index]()
             with self._cond:
                 if generation == self._generation:
                     self._finished += 1
-                    if self._finished == len(chunks):  # only the caller waits for this, and only for the last
+                    if self._finished == len(parts):  # only the caller waits for this, and only for the last
                         self._cond.notify_all()
 
     def _serve(self) -> None:
@@ -213,14 +221,81 @@ class HeadHelper:
                     if self._closed:
                         return
                     seen = self._generation
-                    x, chunks, results = self._job  # type: ignore[misc]  # not None: checked above
+                    parts, results = self._job  # type: ignore[misc]  # not None: checked above
                 try:
-                    self._work(seen, x, chunks, results)
+                    self._work(seen, parts, results)
                 except BaseException as error:  # handed to the caller, which raises it
                     with self._cond:
                         if seen == self._generation:
                             self._error = error
                             self._cond.notify_all()
+
+
+SHARED_PRODUCT_MACS = 8_000_000
+"""A projection is shared with a `ForwardHelper` (two output-column halves) from this many multiply-adds (rows x in
+x out): on the EPYC a 4 x 576 x 3072 product went 0.47 -> 0.35 ms, while below ~7 M the thread's wake-up costs
+more than the half it takes (32 x 256 x 768: 0.18 -> 0.23 ms)."""
+
+SHARED_PRODUCT_WEIGHTS = 1 << 20
+"""... or from this many weights (4 MiB of float32), whatever the rows: reading such a matrix bounds a product of a
+few rows, and two cores read it faster than one (SmolLM2's gate/up, 576 x 3072, out of cache: two rows 0.90 -> 0.59
+ms; the engine decoding 4 streams of SmolLM2 52.1 -> 55.1 tokens/s, one stream 22.3 either way)."""
+
+SHARED_ATTENTION_MACS = 2_000_000
+"""Attention is shared from this many multiply-adds (batch x heads x queries x keys x head_dim): 32 rows of the tiny
+model over 300 keys (2.5 M) went 0.66 -> 0.50 ms, over 800 keys 2.2 -> 1.3; 4 SmolLM2 rows over 600 keys (1.4 M) did
+not gain."""
+
+
+def shared_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, helper: ForwardHelper | None
+) -> torch.Tensor:
+    """`_linear`, its output columns split in two halves between the caller and `helper` when the product is
+    large enough (`SHARED_PRODUCT_MACS`, `SHARED_PRODUCT_WEIGHTS`) and `weight` is a plain matrix (a packed one
+    has no row slices)."""
+    if helper is None or weight.is_mkldnn:
+        return _linear(x, weight, bias)
+    weights = weight.numel()
+    if weights < SHARED_PRODUCT_WEIGHTS and x.numel() // int(weight.shape[1]) * weights < SHARED_PRODUCT_MACS:
+        return _linear(x, weight, bias)
+    halves = weight.chunk(2)
+    biases = bias.chunk(2) if bias is not None else (None,) * len(halves)
+    parts = [partial(_linear, x, half, part_bias) for half, part_bias in zip(halves, biases, strict=True)]
+    return torch.cat(helper.run(parts), dim=-1)
+
+
+def shared_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    allowed: torch.Tensor,
+    scale: float,
+    helper: ForwardHelper | None,
+) -> torch.Tensor:
+    """Scaled dot-product attention of `q` `[batch, heads, new, d]` over `keys`/`values` `[batch, kv_heads, columns,
+    d]` where `allowed` `[batch, 1, new, columns]`; split between the caller and `helper` when large enough
+    (`SHARED_ATTENTION_MACS`): by batch halves, or a single row by groups of key/value heads (each with its query
+    heads). Every query row's result is computed by the same kernel either way."""
+    batch, heads, new, head_dim = (int(size) for size in q.shape)
+    kv_heads, columns = int(keys.shape[1]), int(keys.shape[2])
+    attend = partial(F.scaled_dot_product_attention, scale=scale, enable_gqa=kv_heads != heads)
+    if helper is None or batch * heads * new * columns * head_dim < SHARED_ATTENTION_MACS or batch * kv_heads < 2:
+        return attend(q, keys, values, attn_mask=allowed)
+    if batch >= 2:
+        half = (batch + 1) // 2
+        parts = [
+            partial(attend, q[rows], keys[rows], values[rows], attn_mask=allowed[rows])
+            for rows in (slice(0, half), slice(half, batch))
+        ]
+        return torch.cat(helper.run(parts), dim=0)
+    group = heads // kv_heads
+    parts = [
+        partial(
+            attend, q[:, kv * group : (kv + 1) * group], keys[:, kv : kv + 1], values[:, kv : kv + 1], attn_mask=allowed
+        )
+        for kv in range(kv_heads)
+    ]
+    return torch.cat(helper.run(parts), dim=1)
 
 
 HEAD_TIMING_RUNS = 3
@@ -234,7 +309,7 @@ def head_logits(
     x: torch.Tensor,
     weight: torch.Tensor,
     packed: list[torch.Tensor] | None = None,
-    helper: HeadHelper | None = None,
+    helper: ForwardHelper | None = None,
 ) -> torch.Tensor:
     """`x W^T` for the LM head's `[rows, hidden]` states: with the plain `weight`, or with its `packed` slices
     (`_pack_float32`; shared with `helper` when given) where that was faster for this many rows when timed here."""
@@ -249,14 +324,14 @@ def head_logits(
     return _packed_product(x, packed, helper) if use_packed else _linear(x, weight)
 
 
-def _packed_product(x: torch.Tensor, packed: list[torch.Tensor], helper: HeadHelper | None) -> torch.Tensor:
+def _packed_product(x: torch.Tensor, packed: list[torch.Tensor], helper: ForwardHelper | None) -> torch.Tensor:
     if helper is not None and len(packed) > 1:
         return helper.product(x, packed)
     return torch.cat([_linear(x, part) for part in packed], dim=1) if len(packed) > 1 else _linear(x, packed[0])
 
 
 def _time_head_layouts(
-    x: torch.Tensor, weight: torch.Tensor, packed: list[torch.Tensor], helper: HeadHelper | None
+    x: torch.Tensor, weight: torch.Tensor, packed: list[torch.Tensor], helper: ForwardHelper | None
 ) -> tuple[bool, torch.Tensor]:
     """Whether the packed slices multiply `x` faster than the plain `weight` (medians of `HEAD_TIMING_RUNS`
     alternating runs each), and the logits of the last run."""
@@ -286,11 +361,11 @@ class LeanDecoder:
     """`model`'s forward pass for the engine: last-position logits of a batch, KV appended to its cache."""
 
     def __init__(
-        self, model: Any, matmul_dtype: torch.dtype | None = None, head_helper: HeadHelper | None = None
+        self, model: Any, matmul_dtype: torch.dtype | None = None, helper: ForwardHelper | None = None
     ) -> None:
         """`matmul_dtype`: the matmuls' dtype when not the weights' (bf16: see the module's docstring); the
         model's projection weights are converted to it in place (the engine runs only this forward on them).
-        `head_helper`: a thread to share a float32 head's product with (`HeadHelper`)."""
+        `helper`: a thread to share the large products and attention with (`ForwardHelper`)."""
         config = model.config
         self.matmul_dtype = matmul_dtype
         self.heads = int(config.num_attention_heads)
@@ -305,8 +380,8 @@ class LeanDecoder:
         # A head tied to the embedding gets its own low-precision copy: the embedding lookup stays float32.
         head = model.lm_head.weight.detach()
         self.lm_head = head if matmul_dtype is None else _pack(head.to(matmul_dtype))
-        self.head_helper = head_helper
-        chunks = HEAD_CHUNKS if head_helper is not None else 1
+        self.helper = helper
+        chunks = HEAD_CHUNKS if helper is not None else 1
         self.lm_head_packed = _pack_float32(self.lm_head, chunks) if not self.lm_head.is_mkldnn else None
         if self.lm_head.is_mkldnn and head.data_ptr() != self.embed.data_ptr():
             model.lm_head.weight = nn.Parameter(head.to("meta"), requires_grad=False)  # untied: the packed one only
@@ -316,7 +391,7 @@ class LeanDecoder:
 
     @classmethod
     def for_model(
-        cls, model: Any, matmul_dtype: torch.dtype | None = None, head_helper: HeadHelper | None = None
+        cls, model: Any, matmul_dtype: torch.dtype | None = None, helper: ForwardHelper | None = None
     ) -> LeanDecoder | None:
         """A lean forward for `model` when it has the plain Llama shape this computes exactly; else None."""
         config = model.config
@@ -338,7 +413,7 @@ class LeanDecoder:
             if getattr(attention, "scaling", None) not in (None, int(attention.head_dim) ** -0.5):
                 return None
         try:
-            return cls(model, matmul_dtype, head_helper)
+            return cls(model, matmul_dtype, helper)
         except (AttributeError, ValueError):
             return None
 
@@ -353,10 +428,10 @@ class LeanDecoder:
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [batch, 1, new, head_dim]
         allowed = self._allowed(mask, new)
         size = (int(hidden.shape[-1]),)
-        low = self.matmul_dtype
+        low, helper = self.matmul_dtype, self.helper
         for index, layer in enumerate(self.layers):
             x = F.rms_norm(hidden, size, layer.norm1, self.eps)
-            qkv = _linear(x if low is None else x.to(low), layer.qkv, layer.qkv_bias)
+            qkv = shared_linear(x if low is None else x.to(low), layer.qkv, layer.qkv_bias, helper)
             q, k, v = qkv.split((self.q_width, self.kv_width, self.kv_width), dim=-1)
             q = q.view(batch, new, self.heads, self.head_dim).transpose(1, 2)
             k = k.view(batch, new, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -366,16 +441,14 @@ class LeanDecoder:
             else:  # RoPE in float32, as under autocast; keys and values are cached in the matmul dtype
                 q, k = _rope(q.float(), cos, sin).to(low), _rope(k.float(), cos, sin).to(low)
             keys, values = cache.layers[index].update(k, v)
-            attended = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=allowed, scale=self.scaling, enable_gqa=self.kv_heads != self.heads
-            )
+            attended = shared_attention(q, keys, values, allowed, self.scaling, helper)
             attended = attended.transpose(1, 2).reshape(batch, new, self.q_width)
-            hidden = hidden + _linear(attended, layer.o, layer.o_bias).to(hidden.dtype)
+            hidden = hidden + shared_linear(attended, layer.o, layer.o_bias, helper).to(hidden.dtype)
             x = F.rms_norm(hidden, size, layer.norm2, self.eps)
-            gate, up = _linear(x if low is None else x.to(low), layer.gate_up).chunk(2, dim=-1)
-            hidden = hidden + _linear(F.silu(gate) * up, layer.down).to(hidden.dtype)
+            gate, up = shared_linear(x if low is None else x.to(low), layer.gate_up, None, helper).chunk(2, dim=-1)
+            hidden = hidden + shared_linear(F.silu(gate) * up, layer.down, None, helper).to(hidden.dtype)
         last = F.rms_norm(hidden[:, -1], size, self.norm, self.eps)
-        head = self.lm_head, self.lm_head_packed, self.head_helper
+        head = self.lm_head, self.lm_head_packed, self.helper
         return head_logits(last if low is None else last.to(low), *head).float()
 
     @staticmethod

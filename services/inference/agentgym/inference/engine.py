@@ -98,7 +98,7 @@ from agentgym.inference.batching import (
     sample_next,
     shared_prefix_jobs,
 )
-from agentgym.inference.decoder import HeadHelper, LeanDecoder
+from agentgym.inference.decoder import ForwardHelper, LeanDecoder
 from agentgym.inference.errors import (
     EngineClosedError,
     EngineError,
@@ -134,20 +134,21 @@ LEAN_DECODER_VARIABLE = "AGENTGYM_LEAN_DECODER"
 
 
 def lean_decoder(
-    model: Any, growable: bool, matmul_dtype: torch.dtype | None = None, head_helper: HeadHelper | None = None
+    model: Any, growable: bool, matmul_dtype: torch.dtype | None = None, forward_helper: ForwardHelper | None = None
 ) -> LeanDecoder | None:
-    """The lean forward pass for `model` (`decoder.LeanDecoder`, its matmuls in `matmul_dtype` when given, its LM
-    head shared with `head_helper`) when its shape has one and its KV cache is the engine's growing layers; None
-    to use transformers' forward."""
+    """The lean forward pass for `model` (`decoder.LeanDecoder`, its matmuls in `matmul_dtype` when given, its large
+    operations shared with `forward_helper`) when its shape has one and its KV cache is the engine's growing
+    layers; None to use transformers' forward."""
     if not growable or os.environ.get(LEAN_DECODER_VARIABLE, "1") == "0":
         return None
-    return LeanDecoder.for_model(model, matmul_dtype, head_helper)
+    return LeanDecoder.for_model(model, matmul_dtype, forward_helper)
 
 
-def wants_head_helper(device: torch.device) -> bool:
-    """Whether an engine shares its LM head with a `decoder.HeadHelper` thread: on CPU with one intra-op thread
-    and a core beside it (2 cores: the engine's default of the usable cores but one). With more intra-op threads
-    the head is already a parallel product, and a helper would add a second team of them."""
+def wants_forward_helper(device: torch.device) -> bool:
+    """Whether an engine shares its forward pass's large operations (the LM head, projections, attention) with a
+    `decoder.ForwardHelper` thread: on CPU with one intra-op thread and a core beside it (2 cores: the engine's
+    default of the usable cores but one). With more intra-op threads each operation is already a parallel one, and
+    a helper would add a second team of them."""
     return device.type == "cpu" and torch.get_num_threads() == 1 and available_cpus() >= 2
 
 
@@ -236,13 +237,13 @@ class Engine:
         self._version = policy_version
         self.metrics.policy_version.set(policy_version)
         self._growable = growable_cache(self._model)
-        self._head_helper = HeadHelper() if wants_head_helper(self.device) else None
-        self._lean = lean_decoder(self._model, self._growable, self.matmul_dtype, self._head_helper)
-        if self._head_helper is not None and (self._lean is None or self._lean.lm_head_packed is None):
-            # Nothing to share (transformers' forward, or a head packed for bf16): no idle thread. A weight swap
-            # keeps the architecture and dtype, so it would have nothing to share either.
-            self._head_helper.close()
-            self._head_helper = None
+        self._forward_helper = ForwardHelper() if wants_forward_helper(self.device) else None
+        self._lean = lean_decoder(self._model, self._growable, self.matmul_dtype, self._forward_helper)
+        if self._forward_helper is not None and self._lean is None:
+            # Nothing to share (transformers' forward): no idle thread. A weight swap keeps the architecture, so it
+            # would have nothing to share either.
+            self._forward_helper.close()
+            self._forward_helper = None
         if self._lean is None and self.matmul_dtype is not None:
             log.warning("bf16 matmuls need the lean forward pass (a Llama-shaped model): computing in float32")
             self.matmul_dtype = None
@@ -363,8 +364,8 @@ class Engine:
             self._closing = True
             self._cond.notify_all()
         self._thread.join(timeout)
-        if self._head_helper is not None:
-            self._head_helper.close()
+        if self._forward_helper is not None:
+            self._forward_helper.close()
 
     # ------------------------------------------------------------------ weight loading
 
@@ -451,7 +452,7 @@ class Engine:
         self._version = swap.version
         self.eos_token_ids = eos_ids(self._model, self.tokenizer)
         self._growable = growable_cache(self._model)
-        self._lean = lean_decoder(self._model, self._growable, self.matmul_dtype, self._head_helper)
+        self._lean = lean_decoder(self._model, self._growable, self.matmul_dtype, self._forward_helper)
         self.metrics.prefix_cache_capacity.set(self._prefix.max_tokens if self._caching else 0)
         # KV computed by the old weights must never serve the new ones.
         dropped = self._prefix.clear()
