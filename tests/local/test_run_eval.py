@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from agentgym.local.run_eval import PhaseResult, RunEvalSettings, eval_horizon, eval_settings_for, paired_gain
+from agentgym.local import evaluate as evaluate_module
+from agentgym.local.evaluate import EvalSettings
+from agentgym.local.run_eval import (
+    PhaseResult,
+    RunEvalSettings,
+    eval_horizon,
+    eval_settings_for,
+    evaluate_served_policy,
+    paired_gain,
+)
 from agentgym.spec import load_training_run
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
@@ -45,6 +56,30 @@ def test_each_environment_is_evaluated_at_its_final_horizon() -> None:
     assert result.where() == "babyai test-easy (horizon 5), textcraft test-shallow (horizon 8)"
     one = PhaseResult("end", 3, 5, 0.5, 0.1, 8, 4, 1.0, {"babyai": {"split": "test-easy", "horizon": 5}})
     assert one.where() == "babyai test-easy, horizon 5"
+
+
+def test_the_environments_are_evaluated_at_once_and_reported_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = load_training_run(QUICKSTART.parent / "babyai-textcraft-cpu.yaml").spec
+    events: list[tuple[str, str]] = []
+
+    async def play_split(settings: EvalSettings, inference_url: str, env_url: str, chat: Any) -> dict[str, Any]:
+        events.append(("start", settings.environment))
+        await asyncio.sleep(0.05 if settings.environment == "babyai" else 0.01)  # babyai ends last
+        events.append(("end", settings.environment))
+        turns = str(settings.max_turns[0])
+        success = 1.0 if settings.environment == "babyai" else 0.0
+        return {"by_max_turns": {turns: {"episodes": 4, "tasks": 4, "success": success, "success_se": 0.0}}}
+
+    monkeypatch.setattr(evaluate_module, "play_split", play_split)
+    urls = {"babyai": "http://babyai", "textcraft": "http://textcraft"}
+    result = asyncio.run(
+        evaluate_served_policy(spec, "end", 3, "http://inference", urls, None, RunEvalSettings(tasks=4))  # type: ignore[arg-type]
+    )
+    assert [kind for kind, _ in events[:2]] == ["start", "start"], events  # both play before either ends
+    assert list(result.environments) == ["babyai", "textcraft"]  # the spec's order, not the order they ended in
+    assert result.environments["babyai"]["success"] == 1.0 and result.environments["textcraft"]["success"] == 0.0
+    assert (result.environments["babyai"]["horizon"], result.environments["textcraft"]["horizon"]) == (5, 8)
+    assert result.success == 0.5 and result.episodes == 8
 
 
 def _phase(name: str, per_env: dict[str, dict[str, float]]) -> PhaseResult:

@@ -17,6 +17,7 @@ contributed, and the wall time of each phase of the run.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -161,19 +162,22 @@ async def evaluate_served_policy(
     chat: ChatTokenizer,
     settings: RunEvalSettings,
 ) -> PhaseResult:
-    """Play the eval episodes of every environment against the policy inference serves now."""
+    """Play the eval episodes of every environment against the policy inference serves now: the environments at
+    once, so that the engine decodes all their episodes in one batch (each episode's seed is its own: the same
+    episodes are played either way)."""
     from agentgym.local.evaluate import play_split
 
-    started = time.perf_counter()
-    per_env: dict[str, dict[str, Any]] = {}
-    for env in spec.environments:
+    async def play(env: EnvironmentSpec) -> dict[str, Any]:
         horizon = settings.horizon or eval_horizon(spec, env.name)
         eval_settings = eval_settings_for(spec, env, settings, horizon)
         results = await play_split(eval_settings, inference_url, env_urls[env.name], chat)
-        summary = dict(results["by_max_turns"][str(horizon)])
-        summary["split"] = env.eval_split
-        summary["horizon"] = horizon
-        per_env[env.name] = summary
+        return {**results["by_max_turns"][str(horizon)], "split": env.eval_split, "horizon": horizon}
+
+    started = time.perf_counter()
+    summaries = await asyncio.gather(*(play(env) for env in spec.environments))
+    per_env: dict[str, dict[str, Any]] = {
+        env.name: summary for env, summary in zip(spec.environments, summaries, strict=True)
+    }
     first_horizon = settings.horizon or eval_horizon(spec)
     return combine(phase, policy_version, first_horizon, time.perf_counter() - started, per_env)
 
