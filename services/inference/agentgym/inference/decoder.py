@@ -39,15 +39,20 @@ alternately) and the faster one kept. The packed copy costs the head's size once
 SmolLM2 113 MB; a tied head's plain matrix is the embedding and stays either way).
 
 With one intra-op thread on a machine of two or more cores (the engine's default on 2 cores: the usable cores but
-one), the packed head is kept in `HEAD_CHUNKS` slices of the vocabulary and a `HeadHelper` thread multiplies some of
-them while the engine's thread multiplies the rest. The head is the one product of a decode step large enough to
-share without a barrier: each thread takes the next slice until none is left, so a helper descheduled by a busy
-neighbour delays the step by one slice at most, where an OpenMP team of two would wait for its whole half. Tiny
-model's head on the EPYC, 32 rows: 15.1 -> 9.3 ms, 1-8 rows 3.7-6.6 -> 2.3-3.4; with another process keeping a core
-busy no faster (14.5 ms either way). On the rollout step (`rollout_engines_bench`, medians of 5, two runs) 1.12x and
-1.16x, and with a core busy 0.93x and 0.97x (the helper and the engine's thread then share the one core left).
-Re-timing the layouts every 500 products, to follow such a neighbour, measured within that noise under contention
-and lost half the gain without it, so each row count is timed once.
+one), a `ForwardHelper` thread shares the forward pass's large operations with the engine's thread: the packed head
+in `HEAD_CHUNKS` slices of the vocabulary, each projection of enough rows or weights in two halves of its output
+columns (`shared_linear`), attention over enough keys in two halves of the batch or, for one row, by key/value head
+(`shared_attention`). Each thread takes the next part until none is left, with no barrier: a helper descheduled by a
+busy neighbour delays an operation by one part at most, where an OpenMP team of two would wait for its whole half.
+Every part is computed by the same kernel as the whole (the same values, up to the kernels' blocking; equal on the
+tests' shapes). On the EPYC: the tiny model's head at 32 rows 15.1 -> 9.3 ms; 32 rows of attention over 800 keys
+2.2 -> 1.3 ms (SmolLM2's 5.4 -> 2.9); a 256 x 576 x 3072 projection (SmolLM2's gate/up in a prefill) 9.7 -> 5.6 ms.
+Small operations stay on one thread (`SHARED_PRODUCT_MACS`, `SHARED_PRODUCT_WEIGHTS`, `SHARED_ATTENTION_MACS`): the
+helper's wake-up (~0.05 ms) would cost more than the half it takes. With another process keeping a core busy the
+two threads share the core left, and sharing cost ~6 % on the tiny model's rollout step
+(`benchmarks/rollout_engines_bench.py --contention`).
+Re-timing the head's layouts every 500 products, to follow such a neighbour, measured within that noise under
+contention and lost half the gain without it, so each row count is timed once.
 
 Models of another shape (sliding windows, q/k norms, MoE, tensor-parallel splits) keep transformers' forward:
 `LeanDecoder.for_model` returns None for them. `tests/inference/test_decoder.py` checks the logits against
