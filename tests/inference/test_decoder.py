@@ -76,9 +76,10 @@ def left_padded(lengths: list[int], vocab: int, generator: torch.Generator) -> t
 
 @pytest.fixture
 def share_everything(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A `ForwardHelper` that every projection and attention of the tests' small models is shared with."""
+    """A `ForwardHelper` that every projection, attention and MLP of the tests' small models is shared with."""
     monkeypatch.setattr(decoder_module, "SHARED_PRODUCT_MACS", 0)
     monkeypatch.setattr(decoder_module, "SHARED_ATTENTION_MACS", 0)
+    monkeypatch.setattr(decoder_module, "SHARED_MLP_MACS", 0)
     helper = decoder_module.ForwardHelper()
     yield helper
     helper.close()
@@ -119,8 +120,8 @@ def test_prefill_decode_and_a_prefix_hit_chunk_match_transformers(build: Any, sh
         chunk = torch.randint(3, vocab, (3, new), generator=generator)
         expected = hf_logits(model, chunk, mask, positions, theirs)
         torch.testing.assert_close(lean.forward(chunk, mask, positions, ours), expected)
-    if helper is not None:  # 5 forwards x layers x (4 projections + attention) + the head's
-        assert helper._generation >= 5 * 5 * len(lean.layers)
+    if helper is not None:  # 5 forwards x layers x (q/k/v and o projections, attention, the MLP) + the head's
+        assert helper._generation >= 5 * 4 * len(lean.layers)
     # The KV both wrote agree on every real column.
     real = mask[:, None, :, None].bool()
     for mine, reference in zip(ours.layers, theirs.layers, strict=True):
@@ -383,6 +384,37 @@ def test_shared_projections_and_attention_equal_one_threads_and_small_ones_are_n
             monkeypatch.setattr(decoder_module, "SHARED_ATTENTION_MACS", 1 << 40)
             assert helper._generation == before + 1 and shared.shape == expected.shape
             torch.testing.assert_close(shared, expected, atol=1e-6, rtol=1e-6)
+    finally:
+        helper.close()
+
+
+@pytest.mark.parametrize("units", [6, 7], ids=["even", "odd"])
+def test_a_shared_mlp_is_the_sum_of_its_halves_and_a_small_one_is_not_shared(
+    monkeypatch: pytest.MonkeyPatch, units: int
+) -> None:
+    generator = torch.Generator().manual_seed(4)
+    hidden = 5
+    gate, up = torch.randn(units, hidden, generator=generator), torch.randn(units, hidden, generator=generator)
+    down = torch.randn(hidden, units, generator=generator)
+    states = torch.randn(2, 3, hidden, generator=generator)  # [batch, new, hidden]
+    gate_up = torch.cat([gate, up])
+    # By hand: silu(a) = a / (1 + e^-a), unit by unit, then each output the sum over the units.
+    a, b = states @ gate.T, states @ up.T
+    expected = (a / (1 + torch.exp(-a)) * b) @ down.T
+    helper = decoder_module.ForwardHelper()
+    try:
+        alone = decoder_module.shared_mlp(states, gate_up, down, helper)
+        assert helper._generation == 0, "6 rows x 3 x 5 x units multiply-adds: below SHARED_MLP_MACS, not shared"
+        assert torch.equal(alone, decoder_module.shared_mlp(states, gate_up, down, None))
+        torch.testing.assert_close(alone, expected, atol=1e-5, rtol=1e-5)
+        monkeypatch.setattr(decoder_module, "SHARED_MLP_MACS", 0)
+        shared = decoder_module.shared_mlp(states, gate_up, down, helper)
+        assert helper._generation == 1 and shared.shape == expected.shape
+        torch.testing.assert_close(shared, expected, atol=1e-5, rtol=1e-5)
+        first = slice(0, units // 2)  # the caller's half, then the helper's (or the other way round)
+        half = decoder_module._mlp_half(states, gate[first], up[first], down[:, first])
+        rest = decoder_module._mlp_half(states, gate[units // 2 :], up[units // 2 :], down[:, units // 2 :])
+        assert torch.equal(shared, half + rest)
     finally:
         helper.close()
 

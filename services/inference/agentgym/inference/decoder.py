@@ -42,15 +42,17 @@ With one intra-op thread on a machine of two or more cores (the engine's default
 one), a `ForwardHelper` thread shares the forward pass's large operations with the engine's thread: the packed head
 in `HEAD_CHUNKS` slices of the vocabulary, each projection of enough rows or weights in two halves of its output
 columns (`shared_linear`), attention over enough keys in two halves of the batch or, for one row, by key/value head
-(`shared_attention`). Each thread takes the next part until none is left, with no barrier: a helper descheduled by a
-busy neighbour delays an operation by one part at most, where an OpenMP team of two would wait for its whole half.
-Every part is computed by the same kernel as the whole (the same values, up to the kernels' blocking; equal on the
-tests' shapes). On the EPYC: the tiny model's head at 32 rows 15.1 -> 9.3 ms; 32 rows of attention over 800 keys
-2.2 -> 1.3 ms (SmolLM2's 5.4 -> 2.9); a 256 x 576 x 3072 projection (SmolLM2's gate/up in a prefill) 9.7 -> 5.6 ms.
-Small operations stay on one thread (`SHARED_PRODUCT_MACS`, `SHARED_PRODUCT_WEIGHTS`, `SHARED_ATTENTION_MACS`): the
-helper's wake-up (~0.05 ms) would cost more than the half it takes. With another process keeping a core busy the
-two threads share the core left, and sharing cost ~6 % on the tiny model's rollout step
-(`benchmarks/rollout_engines_bench.py --contention`).
+(`shared_attention`), and the MLP by halves of its intermediate units, gate/up and down in one hand-off
+(`shared_mlp`, tensor parallelism's split). Each thread takes the next part until none is left, with no barrier: a
+helper descheduled by a busy neighbour delays an operation by one part at most, where an OpenMP team of two would
+wait for its whole half. Every part is computed by the same kernel as the whole (the same values, up to the
+kernels' blocking; equal on the tests' shapes; the MLP's two partial outputs are summed, the same up to rounding).
+On the EPYC: the tiny model's head at 32 rows 15.1 -> 9.3 ms; 32 rows of attention over 800 keys 2.2 -> 1.3 ms
+(SmolLM2's 5.4 -> 2.9); a 256 x 576 x 3072 projection (SmolLM2's gate/up in a prefill) 9.7 -> 5.6 ms. Small
+operations stay on one thread (`SHARED_PRODUCT_MACS`, `SHARED_PRODUCT_WEIGHTS`, `SHARED_ATTENTION_MACS`,
+`SHARED_MLP_MACS`): the helper's wake-up (~0.05 ms) would cost more than the half it would take. With another
+process keeping a core busy the two threads share the core left, and sharing cost ~6 % on the tiny model's rollout
+step (`benchmarks/rollout_engines_bench.py --contention`).
 Re-timing the head's layouts every 500 products, to follow such a neighbour, measured within that noise under
 contention and lost half the gain without it, so each row count is timed once.
 
@@ -72,7 +74,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ForwardHelper", "LeanDecoder", "head_logits", "shared_attention", "shared_linear"]
+__all__ = ["ForwardHelper", "LeanDecoder", "head_logits", "shared_attention", "shared_linear", "shared_mlp"]
 
 _SUPPORTED = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
 
@@ -269,6 +271,50 @@ def shared_linear(
     return torch.cat(helper.run(parts), dim=-1)
 
 
+SHARED_MLP_MACS = 1_000_000
+"""The MLP (gate/up and down together) is shared from this many multiply-adds (rows x 3 x hidden x intermediate).
+On the EPYC, 30 MLPs of the tiny model's shape, gate/up and down each shared or not by `shared_linear`'s rule ->
+`shared_mlp`: 2 rows 11.3 -> 10.3 ms, 8 rows 17.4 -> 13.6, but 1 row (0.8 M) 7.6 -> 8.3 (the wake-up costs more
+than the half); SmolLM2's at 1 row (2.7 M) 18.5 -> 16.5, 8 rows 36.7 -> 27.0, 32 rows 55.7 -> 51.8."""
+
+
+def _mlp_half(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    return _linear(F.silu(_linear(x, gate)) * _linear(x, up), down)
+
+
+def shared_mlp(
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, helper: ForwardHelper | None
+) -> torch.Tensor:
+    """The MLP `silu(x G^T) * (x U^T) D^T` for `gate_up` = [G; U] (fused rows) and `down` = D, with no biases.
+
+    Shared with `helper` when large enough (`SHARED_MLP_MACS`) by halves of the intermediate units, as tensor
+    parallelism splits it across devices: with G_j, U_j the j-th half of the rows of G, U and D_j the same half of
+    D's columns,
+
+        silu(x G^T) * (x U^T) D^T = sum_j silu(x G_j^T) * (x U_j^T) D_j^T
+
+    so each thread computes one half from x to its partial output, and one hand-off covers the whole MLP (the
+    halves are views: nothing is copied). The two partial sums are added in a different order than one product
+    adds them: the same values up to float rounding."""
+    width = int(down.shape[1])
+    if (
+        helper is None
+        or gate_up.is_mkldnn
+        or down.is_mkldnn
+        or width < 2
+        or x.numel() // int(gate_up.shape[1]) * 3 * int(down.numel()) < SHARED_MLP_MACS
+    ):
+        gate, up = _linear(x, gate_up).chunk(2, dim=-1)
+        return _linear(F.silu(gate) * up, down)
+    half = width // 2
+    parts = [
+        partial(_mlp_half, x, gate_up[:width][units], gate_up[width:][units], down[:, units])
+        for units in (slice(0, half), slice(half, width))
+    ]
+    first, second = helper.run(parts)
+    return first + second
+
+
 def shared_attention(
     q: torch.Tensor,
     keys: torch.Tensor,
@@ -450,8 +496,9 @@ class LeanDecoder:
             attended = attended.transpose(1, 2).reshape(batch, new, self.q_width)
             hidden = hidden + shared_linear(attended, layer.o, layer.o_bias, helper).to(hidden.dtype)
             x = F.rms_norm(hidden, size, layer.norm2, self.eps)
-            gate, up = shared_linear(x if low is None else x.to(low), layer.gate_up, None, helper).chunk(2, dim=-1)
-            hidden = hidden + shared_linear(F.silu(gate) * up, layer.down, None, helper).to(hidden.dtype)
+            hidden = hidden + shared_mlp(x if low is None else x.to(low), layer.gate_up, layer.down, helper).to(
+                hidden.dtype
+            )
         last = F.rms_norm(hidden[:, -1], size, self.norm, self.eps)
         head = self.lm_head, self.lm_head_packed, self.helper
         return head_logits(last if low is None else last.to(low), *head).float()
