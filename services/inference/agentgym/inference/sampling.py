@@ -74,6 +74,10 @@ def sample_tokens(
     return tokens
 
 
+LOG2_E = 1.0 / math.log(2.0)
+"""log2(e): exp(x) = 2^(x log2 e)."""
+
+
 def choose_tokens(
     logits: torch.Tensor,
     temperatures: Sequence[float],
@@ -84,14 +88,16 @@ def choose_tokens(
     log softmax(logits)[token] and the row's log-normalizer (any token's logprob is its logit minus it), without a
     [rows, vocab] log-softmax:
 
-        m = max_j l_j,   w_j = exp(l_j - m),   logprob(token) = l_token - (m + log sum_j w_j)
+        m = max_j l_j,   w_j = exp(l_j - m) = 2^((l_j - m) log2 e),   logprob(token) = l_token - (m + log sum_j w_j)
 
     w is softmax(l) up to each row's factor, so when every row samples at temperature 1 without a nucleus (a
     rollout's usual request) its CDF is walked directly: one exp pass and one summing pass over the logits (the
     block sums of the two-level inverse CDF give the normalizer too) instead of a log-softmax, a softmax and a
     cumsum (`benchmarks/sampler_bench.py`)."""
     peak = logits.amax(dim=-1, keepdim=True)
-    weights = torch.sub(logits, peak).exp_()
+    # exp(x) as 2^(x log2 e): torch's vectorised exp2 takes ~half of exp's time on CPU (AVX2: 32 x 49,152 logits
+    # 1.84 -> 1.22 ms with the multiplication), and the weights differ by rounding only (relative 2e-6 at most).
+    weights = torch.sub(logits, peak).mul_(LOG2_E).exp2_()
     if all(t == 1.0 and p >= 1.0 for t, p in zip(temperatures, top_ps, strict=True)):
         tokens, totals = _inverse_cdf_and_totals(weights, _uniforms(generators, logits.device))
     elif all(t > 0 for t in temperatures):  # no greedy row: no argmax, no row gather / scatter
