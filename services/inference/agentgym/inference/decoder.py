@@ -245,8 +245,11 @@ more than the half it takes (32 x 256 x 768: 0.18 -> 0.23 ms)."""
 
 SHARED_PRODUCT_WEIGHTS = 1 << 20
 """... or from this many weights (4 MiB of float32), whatever the rows: reading such a matrix bounds a product of a
-few rows, and two cores read it faster than one (SmolLM2's gate/up, 576 x 3072, out of cache: two rows 0.90 -> 0.59
-ms; the engine decoding 4 streams of SmolLM2 52.1 -> 55.1 tokens/s, one stream 22.3 either way)."""
+few rows, and two cores read it faster than one. Measured when SmolLM2's gate/up (576 x 3072) still came here, before
+`shared_mlp`: out of cache, two rows 0.90 -> 0.59 ms; the engine decoding 4 streams of SmolLM2 52.1 -> 55.1 tokens/s,
+one stream 22.3 either way. The MLP has its own rule now (`SHARED_MLP_MACS`), so this one reaches q/k/v and o: none
+of SmolLM2's (0.55 M and 0.33 M weights; sharing its q/k/v at one row measured no gain), a 0.5 B Qwen2's q/k/v
+(896 x 1,152)."""
 
 SHARED_ATTENTION_MACS = 2_000_000
 """Attention is shared from this many multiply-adds (batch x heads x queries x keys x head_dim): 32 rows of the tiny
