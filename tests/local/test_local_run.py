@@ -67,9 +67,11 @@ def test_bad_spec_is_rejected_before_anything_starts(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_warm_started_run_trains_checkpoints_and_reports_what_sft_and_rl_each_contributed(tmp_path: Path) -> None:
-    # One run pays for the start-up and the evals once: an SFT warm-up, then two RL steps across a horizon change.
+    # One run pays for the start-up and the evals once: an SFT warm-up, then two RL steps across a horizon change,
+    # one step off-policy as the quickstart runs (step 1's episodes are requested before step 0's update).
     document = spec("warm", 2)
     document["spec"]["trainer"].update({"sftWarmupSteps": 2, "sftLearningRate": 1e-3})
+    document["spec"]["rollout"]["maxStaleness"] = 1
     document["spec"]["environments"][0]["evalSplit"] = "test-easy"
     run_dir = tmp_path / "run"
     command = [*AGENTGYM, "run", str(write_spec(tmp_path, document)), "--run-dir", str(run_dir), "--no-live"]
@@ -86,6 +88,9 @@ def test_a_warm_started_run_trains_checkpoints_and_reports_what_sft_and_rl_each_
     assert sorted(steps) == [0, 1]
     assert [steps[s]["horizon"] for s in (0, 1)] == [2, 3]  # ScalingInter stepped up after stage 0
     assert all(steps[s]["count/used"] == 4 for s in steps)
+    # Step 1's requests went out with v1 while step 0 trained it into v2: one version old, and none dropped.
+    assert [steps[s]["staleness_mean"] for s in (0, 1)] == [0.0, 1.0]
+    assert not any(steps[s].get("count/stale_dropped") for s in steps)
     assert (run_dir / "checkpoints" / "step-2" / "model.safetensors").exists()
     assert (run_dir / "spec.yaml").exists() and (run_dir / "logs" / "trainer.log").exists()
 

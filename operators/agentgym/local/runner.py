@@ -217,6 +217,7 @@ class LocalRunner:
                     controller.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await controller
+                await self._reflect_last_step()
                 # No more steps will be requested: the rollout workers stop (up to their grace period)
                 # while the final evaluation plays, not after it. The watcher must not restart them.
                 watcher.cancel()
@@ -438,9 +439,23 @@ class LocalRunner:
                 f"{self.channels.prefix}.control.>", cb=enqueue, ordered_consumer=True, config=config
             )
 
+        # Weight rolls wait for a running evaluation (it measures the policy it started on); the steps' states must
+        # not wait behind them: with `rollout.maxStaleness` the trainer goes on training meanwhile.
+        rolls: asyncio.Queue[rl_pb2.WeightUpdate] = asyncio.Queue()
+
+        async def roll_in_order() -> None:
+            while True:
+                update = await rolls.get()
+                await self._eval_finished()  # the policy being measured serves until it is measured
+                await self._roll_weights(update)
+                self._after_roll(update)
+
+        roller = asyncio.create_task(roll_in_order(), name="weight-roller")
         subscription = await subscribe()
         try:
             while not stop.is_set():
+                if roller.done():
+                    roller.result()  # a roll that failed ends the run (ProcessFailedError)
                 if reconnected.is_set():  # a restarted server lost the ephemeral consumer: a new one
                     reconnected.clear()
                     with contextlib.suppress(Exception):
@@ -455,28 +470,36 @@ class LocalRunner:
                 if self._inference_restarted.is_set():
                     self._inference_restarted.clear()
                     if self._latest_update is not None:  # a restarted server starts on the base model
-                        await self._roll_weights(self._latest_update)
+                        rolls.put_nowait(self._latest_update)
                 try:
                     message = await asyncio.wait_for(queue.get(), timeout=0.5)
                 except TimeoutError:
                     continue
                 if message.subject == self.channels.weights_subject:
                     update = decode_message(message.data, rl_pb2.WeightUpdate)
-                    await self._eval_finished()  # the policy being measured serves until it is measured
-                    await self._roll_weights(update)
-                    self._after_roll(update)
+                    self._reflect_weights(update)  # the trainer's version now; what inference serves once rolled
+                    rolls.put_nowait(update)
                 elif message.subject == self.channels.curriculum_subject:
                     self._reflect_curriculum(decode_message(message.data, rl_pb2.CurriculumState))
         finally:
+            roller.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await roller
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
             with contextlib.suppress(Exception):
                 await nc.close()
 
+    def _reflect_weights(self, update: rl_pb2.WeightUpdate) -> None:
+        """The trainer's latest policy version and checkpoint into the status (an older update changes nothing)."""
+        if update.version >= self.status.status.policy_version:
+            self.status.apply(lifecycle.weights_status(update))
+            self.status.save()
+
     async def _roll_weights(self, update: rl_pb2.WeightUpdate) -> None:
         """Make inference serve `update`: the operator's weight roll (`agentgym.operator.weights`) on the one
         local replica, retried while it cannot load (e.g. restarting) for up to `WEIGHT_ROLL_SECONDS`."""
-        self.status.apply(lifecycle.weights_status(update))
+        self._reflect_weights(update)
         if self._latest_update is None or update.version >= self._latest_update.version:
             self._latest_update = update
         latest = Checkpoint(int(update.version), update.uri)
@@ -541,6 +564,23 @@ class LocalRunner:
         for name, points in gains(self.evals).items():
             self.status.status.metrics[f"eval/gain/{name}"] = points
         self.status.save()
+
+    async def _reflect_last_step(self) -> None:
+        """The trainer's last CurriculumState, read from the stream: the controller may have stopped before it came."""
+        if self.nats is None:
+            return
+        try:  # best effort: the status only lags a step without it
+            nc = await nats.connect(self.nats.url, name="local-last-step", max_reconnect_attempts=0)
+            try:
+                last = await nc.jetstream().get_last_msg(self.channels.control_stream, self.channels.curriculum_subject)
+            finally:
+                await nc.close()
+            state = decode_message(last.data or b"", rl_pb2.CurriculumState)
+        except Exception as error:
+            log.warning("no last CurriculumState to reflect: %s", error)
+            return
+        if state.step > self.status.status.step:
+            self._reflect_curriculum(state)
 
     async def _final_evaluation(self) -> None:
         """Serve the trainer's last policy version, then measure it."""

@@ -31,6 +31,7 @@ from typing import Any
 
 import nats
 from opentelemetry import trace
+from opentelemetry.context import Context
 
 from agentgym.messaging import RunChannels, decode_message, ensure_run_streams
 from agentgym.proto import rl_pb2
@@ -192,6 +193,16 @@ async def _lead(
         min_group_size=config.min_group_size,
         rerequest=rerequest,
     )
+    # One trace per step, from its requests to its update: a step whose requests go out early (maxStaleness)
+    # opens its span then, so its episodes hang below it and not below the step that was training.
+    step_spans: dict[int, trace.Span] = {}
+
+    def step_span(step: int) -> trace.Span:
+        if step not in step_spans:
+            # A root span (an empty parent context), not a child of the step running when it is opened.
+            step_spans[step] = tracer.start_span("train_step", context=Context(), attributes={"agentgym.step": step})
+        return step_spans[step]
+
     await collector.start()
     try:
         if config.sft_warmup_steps > 0 and not trainer.sft_done and trainer.step == 0:
@@ -212,7 +223,8 @@ async def _lead(
         published: set[int] = set()
         while trainer.step < config.total_steps and not stop.is_set():
             step = trainer.step
-            with tracer.start_as_current_span("train_step", attributes={"agentgym.step": step}) as span:
+            with trace.use_span(step_span(step), end_on_exit=True) as span:
+                step_spans.pop(step)
                 if step not in published:
                     await publisher.publish(step, trainer.horizons_at(step), trainer.policy_version)
                     published.add(step)
@@ -220,7 +232,8 @@ async def _lead(
                 if batch is None:
                     break
                 if config.max_staleness > 0 and step + 1 < config.total_steps and step + 1 not in published:
-                    await publisher.publish(step + 1, trainer.horizons_at(step + 1), trainer.policy_version)
+                    with trace.use_span(step_span(step + 1)):
+                        await publisher.publish(step + 1, trainer.horizons_at(step + 1), trainer.policy_version)
                     published.add(step + 1)
                 metrics = await off_loop(
                     _on_all_ranks, trainer, "train_step", batch.trajectories, extra_counts=batch.counts
@@ -253,6 +266,8 @@ async def _lead(
                 if on_step is not None:
                     on_step(metrics)
     finally:
+        for unfinished in step_spans.values():  # requested, never trained (stopped first)
+            unfinished.end()
         await collector.close()
         with contextlib.suppress(Exception):  # the server may be gone already
             await nc.drain()
