@@ -332,7 +332,7 @@ def test_resolved_spec_round_trips_with_defaults() -> None:
     again = parse_training_run(yaml.safe_load(text))
     assert again.spec == run.spec
     assert "status" not in yaml.safe_load(text)
-    assert "maxStaleness: 0" in text  # defaults written out for the trainer
+    assert "topP: 1.0" in text and "workers: 1" in text  # defaults written out for the trainer
 
 
 def test_telemetry_and_nats_wiring() -> None:
