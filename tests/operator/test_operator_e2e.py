@@ -47,6 +47,7 @@ def training_run(name: str = RUN, **spec_changes: Any) -> dict[str, Any]:
     spec = document["spec"]
     spec["environments"][0]["replicas"] = {"min": 1, "max": 3}
     spec["environments"].append({"name": "textcraft", "url": "http://textcraft.shared.svc:8000"})
+    spec["rollout"]["maxStaleness"] = 0  # on-policy: inference one version behind is WeightsStale
     spec.update(copy.deepcopy(spec_changes))
     return document
 
