@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import nats
@@ -56,6 +56,8 @@ from agentgym.operator.weights import Replica, roller_for, sync_replicas
 from agentgym.plan import Placement, plan_run
 from agentgym.proto import rl_pb2
 from agentgym.spec import Condition, TrainingRun, TrainingRunStatus
+
+ControlMessage = TypeVar("ControlMessage", rl_pb2.CurriculumState, rl_pb2.WeightUpdate)
 
 log = logging.getLogger(__name__)
 PYTHON = sys.executable
@@ -565,21 +567,25 @@ class LocalRunner:
             self.status.status.metrics[f"eval/gain/{name}"] = points
         self.status.save()
 
-    async def _reflect_last_step(self) -> None:
-        """The trainer's last CurriculumState, read from the stream: the controller may have stopped before it came."""
+    async def _last_control_message(self, subject: str, kind: type[ControlMessage]) -> ControlMessage | None:
+        """The last message on a control subject, read from the stream (None, logged, where there is none)."""
         if self.nats is None:
-            return
-        try:  # best effort: the status only lags a step without it
-            nc = await nats.connect(self.nats.url, name="local-last-step", max_reconnect_attempts=0)
+            return None
+        try:
+            nc = await nats.connect(self.nats.url, name="local-last-control")
             try:
-                last = await nc.jetstream().get_last_msg(self.channels.control_stream, self.channels.curriculum_subject)
+                last = await nc.jetstream().get_last_msg(self.channels.control_stream, subject)
             finally:
                 await nc.close()
-            state = decode_message(last.data or b"", rl_pb2.CurriculumState)
+            return decode_message(last.data or b"", kind)
         except Exception as error:
-            log.warning("no last CurriculumState to reflect: %s", error)
-            return
-        if state.step > self.status.status.step:
+            log.warning("no last %s on %s: %s", kind.__name__, subject, error)
+            return None
+
+    async def _reflect_last_step(self) -> None:
+        """The trainer's last CurriculumState: the controller may have stopped before it came."""
+        state = await self._last_control_message(self.channels.curriculum_subject, rl_pb2.CurriculumState)
+        if state is not None and state.step > self.status.status.step:
             self._reflect_curriculum(state)
 
     async def _final_evaluation(self) -> None:
@@ -587,15 +593,9 @@ class LocalRunner:
         if not self.eval_settings.enabled or self._chat is None or self.nats is None:
             return
         await self._eval_finished()  # a short run: the start or sft eval may still be playing
-        nc = await nats.connect(self.nats.url, name="local-final-eval")
-        try:
-            last = await nc.jetstream().get_last_msg(self.channels.control_stream, self.channels.weights_subject)
-            update = decode_message(last.data or b"", rl_pb2.WeightUpdate)
-        except Exception as error:
-            log.warning("no final WeightUpdate to evaluate: %s", error)
+        update = await self._last_control_message(self.channels.weights_subject, rl_pb2.WeightUpdate)
+        if update is None:
             return
-        finally:
-            await nc.close()
         await self._roll_weights(update)
         await self._evaluate("end", int(update.version))
 
