@@ -207,6 +207,34 @@ build_one() {
     | tee -a "$CACHE/build-times.txt"
 }
 
+# After a build of every image: the untagged images no step of it used (an image its tag moved off, a build stage
+# whose sources changed) are removed, with the layers only they held. Each source edit otherwise leaves ~0.3 GB
+# behind on a machine that builds often (CI's filled its disk); the layer cache of this build is what its steps
+# used, so it stays.
+remove_superseded() {
+  local used removed=0 id
+  used=$(sed -n -E 's/^--> (Using cache )?([0-9a-f]{11,}).*/\2/p' "$CACHE"/logs/*.log | cut -c1-11 | sort -u)
+  while IFS= read -r id; do
+    [ -n "$id" ] || continue
+    grep -qx "${id:0:11}" <<<"$used" && continue
+    if podman rmi "$id" >/dev/null 2>&1; then
+      removed=$((removed + 1))
+    fi
+  done < <(podman images --filter dangling=true --format '{{.ID}}')
+  log "removed $removed superseded untagged images (and their own layers)"
+}
+
+# A clear word before a build that will run out of disk (buildah's own error names a temporary file).
+check_space() {
+  local root free_gb
+  root=$(podman info --format '{{.Store.GraphRoot}}' 2>/dev/null || echo /var/lib/containers/storage)
+  mkdir -p "$root"
+  free_gb=$(df --output=avail -BG "$root" | tail -n 1 | tr -dc '0-9')
+  if [ "${free_gb:-0}" -lt 12 ]; then
+    log "warning: ${free_gb} GB free under $root; a cold build of every image takes ~10 GB there"
+  fi
+}
+
 main() {
   local setup_only=0 names=()
   for arg in "$@"; do
@@ -221,6 +249,7 @@ main() {
   [ "$setup_only" = 1 ] && { log "podman ready: export CONTAINERS_CONF=$CONTAINERS_CONF"; return; }
   [ "${#names[@]}" -gt 0 ] || names=("${ORDER[@]}")
   local start=$SECONDS
+  check_space
   make_base
   pip_mounts
   # The build context is the repository: leave out what no image needs (virtual environments, caches, git).
@@ -231,6 +260,7 @@ main() {
   for name in "${names[@]}"; do
     build_one "$name"
   done
+  [ "${#names[@]}" -eq "${#ORDER[@]}" ] && remove_superseded
   log "all done in $((SECONDS - start)) s (CONTAINERS_CONF=$CONTAINERS_CONF)"
 }
 
