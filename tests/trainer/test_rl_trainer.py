@@ -50,6 +50,32 @@ def test_train_step_each_algorithm(
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
+def test_learning_rate_warms_up_linearly(
+    config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]]
+) -> None:
+    """lrWarmupSteps W = 4 at 1e-3: steps 0..4 at 0.25, 0.5, 0.75, 1, 1 x 1e-3. A fresh AdamW's first update is
+    lr * g / (|g| + eps) per weight (m and v are g and g^2 after bias correction): every weight with a gradient
+    moves by lr_0 = 2.5e-4, not the configured 1e-3."""
+    config = config_factory(learning_rate=1e-3, lr_warmup_steps=4, group_size=3, mini_batch_size=6)
+    assert [config.learning_rate_at(s) for s in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    assert config_factory(learning_rate=1e-3).learning_rate_at(0) == 1e-3  # W = 0: no warm-up
+    trainer = RLTrainer(config)
+    rates = []
+    for step in range(5):
+        batch = make_batch(1, step, groups=2, group_size=3)
+        fill_logprobs(trainer.policy, batch)
+        before = _params(trainer)
+        metrics = trainer.train_step(batch)
+        assert metrics.train["optimizer_steps"] == 1
+        if step == 0:
+            after = _params(trainer)
+            moved = max(float((after[k] - before[k]).abs().max()) for k in before)
+            assert moved == pytest.approx(2.5e-4, rel=1e-3)
+        rates.append(metrics.train["learning_rate"])
+    assert rates == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+    assert trainer.models.engine.get_lr() == 1e-3  # the configured rate between steps (a checkpoint saves it)
+
+
 def test_recompute_old_logprobs_reports_engine_mismatch(
     config_factory: Callable[..., Any], make_batch: Callable[..., list[rl_pb2.Trajectory]]
 ) -> None:

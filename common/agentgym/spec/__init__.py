@@ -113,6 +113,10 @@ class AlgorithmSpec(SpecModel):
     group_size: int = Field(default=8, ge=1)
     """Samples per task (GRPO/RLOO groups)."""
     learning_rate: float = Field(default=1e-6, gt=0)
+    lr_warmup_steps: int = Field(default=0, ge=0)
+    """RL steps over which the policy's learning rate rises linearly to learningRate: step s (from 0) uses
+    learningRate * min(1, (s + 1) / lrWarmupSteps); 0: learningRate from the first step. RL starts with a fresh
+    optimiser (after an SFT warm-up too), whose first updates move every weight by about the learning rate."""
     clip_low: float = Field(default=0.2, gt=0, lt=1)
     """PPO ratio clip below 1 (ratio >= 1 - clipLow)."""
     clip_high: float = Field(default=0.2, gt=0)

@@ -77,6 +77,8 @@ class RLTrainerConfig:
     algorithm: Algorithm = "grpo"
     group_size: int = 8
     learning_rate: float = 1e-6
+    lr_warmup_steps: int = 0
+    """RL steps over which the policy's learning rate rises linearly to ``learning_rate`` (``learning_rate_at``)."""
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None
@@ -259,6 +261,18 @@ class RLTrainerConfig:
     def uses_reference(self) -> bool:
         """Whether the update needs a frozen reference policy: the policy-gradient KL term, or DPO's anchor."""
         return self.algorithm == "dpo" or (self.kl_coef > 0 and self.algorithm != "rft")
+
+    def learning_rate_at(self, step: int) -> float:
+        """The policy's learning rate for RL step ``step`` (0-based), a linear warm-up over W = ``lr_warmup_steps``:
+
+            lr_s = learning_rate * min(1, (s + 1) / W)        (W = 0: learning_rate from the first step)
+
+        RL starts with a fresh AdamW (after the SFT warm-up too), whose first updates have magnitude ~lr in every
+        parameter whatever the gradient's scale (m / sqrt(v) ~ sign(g) until v averages several gradients); the
+        warm-up keeps those first moves small. The critic keeps ``critic_learning_rate``."""
+        if self.lr_warmup_steps <= 0:
+            return self.learning_rate
+        return self.learning_rate * min(1.0, (step + 1) / self.lr_warmup_steps)
 
     def reward_config(self) -> RewardConfig:
         return RewardConfig(self.outcome_reward, self.turn_reward_coef, self.score_scales, self.invalid_action_penalty)

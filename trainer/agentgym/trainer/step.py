@@ -14,8 +14,9 @@
    ``logprob_diff_max`` / ``logprob_diff_mean``, the engine/trainer gap under the same weights) ->
    reference log-probs -> values (PPO's critic) -> advantages -> critic update -> actor update
    (``epochs`` passes over seeded mini-batches; a resumed run makes the same updates).
-4. Metrics and schedule: staleness, timing, learning rate; the horizon schedule is updated with the
-   step's ``success_rate`` and ``truncation_rate``; step and policy version go up by one.
+4. Metrics and schedule: staleness, timing, the step's learning rate (``RLTrainerConfig.learning_rate_at``:
+   its warm-up); the horizon schedule is updated with the step's ``success_rate`` and ``truncation_rate``;
+   step and policy version go up by one.
 
 Data-parallel (several ranks, DeepSpeed): every rank makes the same calls on the same trajectories;
 each forward/backward pass takes only this rank's share of the packed rows, and the step's metrics
@@ -27,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from agentgym.proto import rl_pb2
@@ -92,6 +93,7 @@ def train_step(
     started = time.perf_counter()
     step = trainer.step
     rewards = c.reward_config()  # once per step: every stage reads this one
+    learning_rate = c.learning_rate_at(step)
 
     # 1. validate / filter
     selection = select(
@@ -107,7 +109,11 @@ def train_step(
     train: dict[str, float] = {}
     if selection.used:
         batch = TrainBatch.build(selection.used, rewards, selection.group_ids)
-        train = ALGORITHMS[c.algorithm].update(batch, trainer.models, c, step)
+        # The step's learning rate (the warm-up's): the optimiser's for the update, and the options' for the
+        # updates that set their own (rft, dpo).
+        options = c if learning_rate == c.learning_rate else replace(c, learning_rate=learning_rate)
+        with trainer.models.learning_rate(learning_rate):
+            train = ALGORITHMS[c.algorithm].update(batch, trainer.models, options, step)
     else:
         log.warning("step %d: no trajectory to train on (%d received)", step, len(trajectories))
 
@@ -115,7 +121,7 @@ def train_step(
     staleness = [float(trainer.policy_version - t.policy_version) for t in selection.valid]
     train["staleness_mean"] = sum(staleness) / len(staleness) if staleness else 0.0
     train["step_time_s"] = time.perf_counter() - started
-    train["learning_rate"] = trainer.models.engine.get_lr()
+    train["learning_rate"] = learning_rate
     horizon_used, stage_used = trainer.schedule.current_horizon, trainer.schedule.stage
     all_stats = env_stats.get("all", {})
     trainer.schedule.update(
