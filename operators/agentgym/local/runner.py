@@ -181,7 +181,6 @@ class LocalRunner:
         self.urls: dict[str, str] = {}
         self.inference_url = ""
         self.started_at = time.time()
-        self.step_lines: list[Callable[[rl_pb2.CurriculumState], None]] = []
         self.eval_settings = eval_settings or RunEvalSettings()
         self.evals: dict[str, PhaseResult] = load_phases(run_dir) if resume else {}
         self.timings: dict[str, float] = {}
@@ -624,5 +623,3 @@ class LocalRunner:
         self._step_metrics = set(state.metrics)
         self.status.apply(patch)
         self.status.save()
-        for listener in self.step_lines:
-            listener(state)
