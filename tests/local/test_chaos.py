@@ -1,5 +1,5 @@
 """Chaos: one `agentgym run` in which every part is SIGKILLed once, at a different point, and the run still
-succeeds with every step trained exactly once on its full set of episodes.
+succeeds with every step trained exactly once on its full set of episodes; on-policy and one step off-policy.
 
 Killed, in this order: the trainer during the SFT warm-up, nats-server after step 1, inference after step 2,
 the environment service after step 3, the rollout worker after step 4, the trainer after step 5. The local
@@ -44,8 +44,12 @@ def status(run_dir: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_every_part_killed_once_and_the_run_trains_every_step_exactly_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("max_staleness", [0, 1], ids=["on-policy", "one-step-off-policy"])
+def test_every_part_killed_once_and_the_run_trains_every_step_exactly_once(tmp_path: Path, max_staleness: int) -> None:
+    """On-policy, and one step off-policy as the quickstart plays (a step's episodes requested before the previous
+    update: a part killed then ends episodes of two steps at once)."""
     document = spec("chaos", STEPS)
+    document["spec"]["rollout"]["maxStaleness"] = max_staleness
     document["spec"]["trainer"].update(sftWarmupSteps=8, sftLearningRate=1e-3, sftTasks=64)
     run_dir = tmp_path / "run"
     runner = subprocess.Popen(
@@ -105,6 +109,8 @@ def test_every_part_killed_once_and_the_run_trains_every_step_exactly_once(tmp_p
     assert [steps[s]["count/used"] for s in range(STEPS)] == [4] * STEPS
     assert all(steps[s].get("count/failed", 0) == 0 for s in range(STEPS)), [steps[s] for s in range(STEPS)]
     rerequested = sum(steps[s].get("count/infra_rerequested", 0) for s in range(STEPS))
+    staleness = [steps[s]["staleness_mean"] for s in range(STEPS)]
+    assert all(0.0 <= value <= max_staleness for value in staleness), staleness
     print(f"episodes re-requested after infrastructure faults: {rerequested}")
     # Inference serves the final policy, and held-out success was measured on it.
     assert final["servedPolicyVersion"] == final["policyVersion"]
