@@ -207,10 +207,10 @@ build_one() {
     | tee -a "$CACHE/build-times.txt"
 }
 
-# After a build of every image: the untagged images no step of it used (an image its tag moved off, a build stage
-# whose sources changed) are removed, with the layers only they held. Each source edit otherwise leaves ~0.3 GB
-# behind on a machine that builds often (CI's filled its disk); the layer cache of this build is what its steps
-# used, so it stays.
+# After a build of every image: the untagged images on the local base (its label) that no step of it used (an image
+# its tag moved off, a build stage whose sources changed) are removed, with the layers only they held; the machine's
+# other images are left alone. Each source edit otherwise leaves ~0.3 GB behind on a machine that builds often (CI's
+# filled its disk); the layer cache of this build is what its steps used, so it stays.
 remove_superseded() {
   local used removed=0 id
   used=$(sed -n -E 's/^--> (Using cache )?([0-9a-f]{11,}).*/\2/p' "$CACHE"/logs/*.log | cut -c1-11 | sort -u)
@@ -220,7 +220,7 @@ remove_superseded() {
     if podman rmi "$id" >/dev/null 2>&1; then
       removed=$((removed + 1))
     fi
-  done < <(podman images --filter dangling=true --format '{{.ID}}')
+  done < <(podman images --filter dangling=true --filter label=agentgym.base-key --format '{{.ID}}')
   log "removed $removed superseded untagged images (and their own layers)"
 }
 
