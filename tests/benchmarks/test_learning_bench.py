@@ -76,10 +76,11 @@ def test_eval_episodes_ended_by_errors_are_flagged_on_the_seed_line() -> None:
     failures, so the line must say the success measures the service."""
     bench = load_bench()
     start = _single(_phase("start", {"a": 0.0, "b": 0.0, "c": 0.0}, {"x": 0.0}))
-    start.environments["babyai"]["errors"] = 2
+    start.environments["babyai"].update(errors=2, error_reasons={"EnvServiceError: 503 busy": 2})
     end = _single(_phase("end", {"a": 1.0, "b": 0.0, "c": 1.0}, {"x": 0.0}))
     flagged = bench.seed_line(bench.SeedResult(1, 60.0, {"start": start, "end": end}, (66.7, 33.3, 3)))
     assert flagged.endswith("1.0 min  ERRORS start 2/3")
-    assert start.errors == 2 and "(3 episodes, 2 ended by errors, babyai test-easy" in start.describe()
+    assert start.errors == 2
+    assert "(3 episodes, 2 ended by errors (EnvServiceError: 503 busy), babyai" in start.describe()
     clean = bench.seed_line(bench.SeedResult(1, 60.0, {"end": end}, (66.7, 33.3, 3)))
     assert clean.endswith("1.0 min") and "errors" not in end.describe()

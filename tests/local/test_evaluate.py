@@ -9,7 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.local.evaluate import eval_task_ids, k_values, pass_at_k, success_standard_error, summarise
+from agentgym.inference.models import load_tokenizer, tiny_model_dir
+from agentgym.local.evaluate import (
+    EvalSettings,
+    eval_task_ids,
+    k_values,
+    pass_at_k,
+    play_split,
+    success_standard_error,
+    summarise,
+)
+from agentgym.messaging import free_port
+from agentgym.rollout.tokens import ChatTokenizer
 
 AGENTGYM = [sys.executable, "-m", "agentgym.cli"]
 
@@ -66,3 +77,15 @@ def test_eval_command_sweeps_max_turns_with_environment_settings(tmp_path: Path)
     assert bad.returncode != 0 and "--set expects KEY=VALUE" in bad.stderr
     no_nucleus = subprocess.run([*command[:-6], "--top-p", "0"], capture_output=True, text=True, timeout=120)
     assert no_nucleus.returncode == 2 and "--top-p must be in (0, 1], not 0.0" in no_nucleus.stderr
+
+
+async def test_episodes_ended_by_errors_are_counted_with_their_reason() -> None:
+    """Nothing listens where the environment service should be: every episode fails, and the summary says why
+    (a bare error count once hid which part failed a recipe's evaluation)."""
+    settings = EvalSettings(environment="babyai", split="test-easy", tasks=2, samples=2, max_turns=[2])
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    chat = ChatTokenizer(load_tokenizer(tiny_model_dir()))
+    summary = (await play_split(settings, nowhere, nowhere, chat))["by_max_turns"]["2"]
+    assert summary["episodes"] == 4 and summary["errors"] == 4 and summary["success"] == 0.0
+    [(reason, count)] = summary["error_reasons"].items()
+    assert count == 4 and "127.0.0.1" in reason and len(reason) <= 200, reason

@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,9 @@ from agentgym.rollout.tokens import ChatTokenizer
 from agentgym.seeding import derive_seed
 
 log = logging.getLogger(__name__)
+
+REASON_CHARS = 200
+"""An error reason is kept to this many characters in a summary (a traceback-sized one would swamp it)."""
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -160,7 +164,11 @@ async def play_split(settings: EvalSettings, inference_url: str, env_url: str, c
                 scores[trajectory.task_id].append(trajectory.final_score)
             summary = summarise(successes, scores, settings.samples)
             summary["turns_mean"] = sum(t.turns_used for t in trajectories) / max(len(trajectories), 1)
-            summary["errors"] = sum(t.termination == rl_pb2.TERMINATION_ERROR for t in trajectories)
+            failed = [t for t in trajectories if t.termination == rl_pb2.TERMINATION_ERROR]
+            summary["errors"] = len(failed)
+            # Why they failed, most common first: an eval error is otherwise a bare count in the summary.
+            reasons = Counter(t.termination_reason[:REASON_CHARS] or "unknown" for t in failed)
+            summary["error_reasons"] = dict(reasons.most_common(5))
             summary["seconds"] = round(time.perf_counter() - started, 1)
             results["by_max_turns"][str(max_turns)] = summary
             log.info("max_turns=%d: %s", max_turns, {k: v for k, v in summary.items() if k != "task_success"})

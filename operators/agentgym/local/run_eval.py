@@ -21,6 +21,7 @@ import asyncio
 import json
 import math
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -85,12 +86,19 @@ class PhaseResult:
 
     def describe(self) -> str:
         """``success 0.41 ± 0.05 (128 episodes, babyai test-easy, horizon 5, policy v1, 21 s)``; with
-        ``, 3 ended by errors`` after the episodes where there were any."""
-        errors = f", {self.errors} ended by errors" if self.errors else ""
+        ``, 3 ended by errors (<the most common reason>)`` after the episodes where there were any."""
+        errors = f", {self.errors} ended by errors ({self.error_reason()})" if self.errors else ""
         return (
             f"success {self.success:.2f} ± {self.success_se:.2f} ({self.episodes} episodes{errors}, {self.where()}, "
             f"policy v{self.policy_version}, {self.seconds:.0f} s)"
         )
+
+    def error_reason(self) -> str:
+        """The most common reason an episode ended by an error, over all environments ("" when none did)."""
+        reasons: Counter[str] = Counter()
+        for env in self.environments.values():
+            reasons.update({str(k): int(v) for k, v in (env.get("error_reasons") or {}).items()})
+        return reasons.most_common(1)[0][0] if reasons else ""
 
     def where(self) -> str:
         """``babyai test-easy, horizon 5``, or with horizons per environment ``babyai test-easy (5), textcraft ...``."""
