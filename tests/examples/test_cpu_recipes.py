@@ -67,6 +67,9 @@ class RecipeRun:
     rows: list[dict[str, Any]]
 
 
+EVAL_HORIZON = 2
+"""Max turns of the shrunk runs' evaluation episodes (`--eval-max-turns`)."""
+
 RECIPES_AT_ONCE = 2
 """Recipe runs in flight together. A run is mostly its one-thread inference engine decoding small batches while
 its trainer waits, and such a decode step is bound by one core's matmul kernels, not by the memory they read (5 of
@@ -82,6 +85,9 @@ def run_recipe(recipe: Path, directory: Path) -> RecipeRun:
     spec_path.write_text(yaml.safe_dump(document))
     run_dir = directory / "run"
     command = [*AGENTGYM, "run", str(spec_path), "--run-dir", str(run_dir), "--no-live", "--eval-tasks", "4"]
+    # Evaluations at the recipe's own final horizon (5-10 turns) were three quarters of a run's wall time: played
+    # at EVAL_HORIZON turns they still cover each eval split through the run's services in all three phases.
+    command += ["--eval-max-turns", str(EVAL_HORIZON)]
     try:  # 164-253 s for the longest (babyai-textcraft) alone on a quiet 2-core machine
         result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     except subprocess.TimeoutExpired as expired:  # reported by its own test, not as the fixture's error for all
@@ -129,7 +135,8 @@ def test_the_recipe_runs_its_warm_up_steps_and_evaluations(recipe: Path, recipe_
     assert set(summary["phases"]) == {"start", "sft", "end"}
     for env in document["spec"]["environments"]:
         end = summary["phases"]["end"]["environments"][env["name"]]
-        assert end["split"] == env["evalSplit"] and end["tasks"] == 4 and end["errors"] == 0
+        assert end["split"] == env["evalSplit"] and end["tasks"] == 4 and end["horizon"] == EVAL_HORIZON
+        assert end["errors"] == 0, end["error_reasons"]
         assert len(end["task_success"]) == 4  # what the learning benchmark's paired gain compares
     rl_rows = [r for r in run.rows if "policy_loss" in r]
     spec = parse_training_run(document).spec
