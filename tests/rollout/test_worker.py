@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -128,6 +131,67 @@ async def test_episodes_wait_until_inference_serves_the_requested_version(
         [message] = await trajectories.fetch(1, timeout=60)
         trajectory = decode_message(message.data, rl_pb2.Trajectory)
         assert trajectory.policy_version == served + 1 and trajectory.termination == rl_pb2.TERMINATION_HORIZON
+        stop.set()
+        await asyncio.wait_for(running, 30)
+    await nc.close()
+
+
+@pytest.mark.slow
+async def test_a_request_in_play_stays_with_its_worker_and_a_killed_workers_goes_to_another(
+    nats_server: EmbeddedNats, inference_url: str, babyai_url: str, chat: ChatTokenizer, tiny_dir: Path, tmp_path: Path
+) -> None:
+    """Heartbeats keep a request with its worker past the ack wait; once that worker is SIGKILLed, JetStream
+    hands the request to another worker after the ack wait (WorkerConfig.ack_wait_s), which plays it."""
+    run = "handover"
+    channels = RunChannels(run)
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await ensure_run_streams(js, channels)
+    ack_wait = WorkerConfig(run=run, nats_url=nats_server.url).ack_wait_s
+    async with CompletionClient(inference_url) as client, AsyncEnvClient(babyai_url) as env:
+        served = await client.policy_version()
+        held = rollout_request(run, 1)
+        held.policy_version = served + 1  # waits for weights that are loaded only after the kill
+        await publish_message(js, channels.requests_subject, held)
+        first = subprocess.Popen(
+            [sys.executable, "-m", "agentgym.cli", "rollout", "worker", "--nats-url", nats_server.url,
+             "--inference-url", inference_url, "--env-url", f"babyai={babyai_url}", "--run", run,
+             "--tokenizer", "builtin:tiny", "--log-level", "warning"],
+            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,  # its telemetry/ lands in cwd
+        )  # fmt: skip
+        try:
+
+            async def pending() -> int:
+                try:
+                    return int((await js.consumer_info(channels.requests_stream, "rollout-workers")).num_ack_pending)
+                except nats.js.errors.NotFoundError:
+                    return 0
+
+            deadline = time.monotonic() + 120
+            while await pending() < 1:  # the first worker holds the request
+                assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+                await asyncio.sleep(0.2)
+            second = RolloutWorker(
+                WorkerConfig(run=run, nats_url=nats_server.url, concurrency=2), InferencePolicy(client), chat,
+                {"babyai": env},
+            )  # fmt: skip
+            stop = asyncio.Event()
+            running = asyncio.create_task(second.run(stop))
+            await asyncio.sleep(1.2 * ack_wait)
+            info = await js.consumer_info(channels.requests_stream, "rollout-workers")
+            assert info.config.ack_wait == ack_wait
+            assert info.num_redelivered == 0 and info.num_ack_pending == 1  # still the first worker's
+            assert second.stats.published == 0
+        finally:
+            first.kill()
+            first.wait()
+        await client.load_weights(str(tiny_dir), served + 1)
+        trajectories = await js.pull_subscribe(channels.trajectories_subject, durable="check")
+        [message] = await trajectories.fetch(1, timeout=120)
+        trajectory = decode_message(message.data, rl_pb2.Trajectory)
+        assert trajectory.trajectory_id == held.request_id and trajectory.termination == rl_pb2.TERMINATION_HORIZON
+        assert second.stats.published == 1
+        assert (await js.stream_info(channels.requests_stream)).state.messages == 0  # acked by the second
         stop.set()
         await asyncio.wait_for(running, 30)
     await nc.close()
