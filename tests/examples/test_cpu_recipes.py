@@ -24,17 +24,19 @@ from agentgym.spec import parse_training_run
 ROOT = Path(__file__).resolve().parents[2]
 AGENTGYM = [sys.executable, "-m", "agentgym.cli"]
 RECIPES = sorted((ROOT / "examples").glob("*-cpu.yaml"))
+GROUP = 2
+"""Episodes per task in a shrunk run's steps: the smallest group GRPO's advantages are defined on."""
 
 
 def shrunk(recipe: Path) -> dict[str, Any]:
-    """The recipe with its budget cut to two RL steps after two SFT steps, and small batches."""
+    """The recipe with its budget cut to two RL steps after two SFT steps (of 8 demonstrations), and groups of two."""
     document: dict[str, Any] = yaml.safe_load(recipe.read_text())
     spec = document["spec"]
     spec["trainer"].update({"totalSteps": 2, "checkpointEvery": 1})
     if spec["trainer"].get("sftWarmupSteps"):
-        spec["trainer"].update({"sftWarmupSteps": 2, "sftTasks": 16})
+        spec["trainer"].update({"sftWarmupSteps": 2, "sftTasks": 8})
     spec["rollout"].update({"tasksPerStep": len(spec["environments"]), "concurrency": 8})
-    spec["algorithm"].update({"groupSize": 4, "miniBatchSize": 4})
+    spec["algorithm"].update({"groupSize": GROUP, "miniBatchSize": GROUP})
     if spec["curriculum"].get("stageSteps"):
         spec["curriculum"]["stageSteps"] = 1
     return document
@@ -142,7 +144,7 @@ def test_the_recipe_runs_its_warm_up_steps_and_evaluations(recipe: Path, recipe_
     spec = parse_training_run(document).spec
     tasks = spec.rollout.tasks_per_step
     assert [r["horizon"] for r in rl_rows] == spec.horizon_stages(spec.environments[0].name)[:2]
-    assert all(r["env"]["all"]["trajectories"] == 4 * tasks for r in rl_rows)
+    assert all(r["env"]["all"]["trajectories"] == GROUP * tasks for r in rl_rows)
     for env in spec.environments:  # each plays its own horizon of the stage
         played = [(r["env"][env.name]["horizon_max"], r["step"]) for r in rl_rows if env.name in r["env"]]
         assert all(horizon == spec.horizon_stages(env.name)[step] for horizon, step in played), played
