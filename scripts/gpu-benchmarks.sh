@@ -36,7 +36,8 @@ if [[ ! -f "$CARRY/tokenizer/tokenizer.json" ]]; then
   echo "gpu-benchmarks: no $CARRY/tokenizer: run 'bash scripts/gpu-benchmarks.sh --prepare' here, carry $CARRY" >&2
   exit 1
 fi
-site=$(mktemp -d /tmp/agentgym-site.XXXXXX)
+site=$(mktemp -d "${TMPDIR:-/tmp}/agentgym-site.XXXXXX")
+trap 'rm -rf "$site"' EXIT  # every CI run left one behind
 shopt -s nullglob
 wheels=("$CARRY"/wheels/*.whl)
 if (( ${#wheels[@]} )); then

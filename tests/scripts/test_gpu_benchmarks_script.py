@@ -18,7 +18,10 @@ SCRIPT = ROOT / "scripts" / "gpu-benchmarks.sh"
 
 
 def run_script(carry: Path, out: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    temporary = out.parent / "tmp"
+    temporary.mkdir(exist_ok=True)
     env = {**os.environ, "PYTHON": sys.executable, "AGENTGYM_GPU_CARRY": str(carry), "OUT": str(out)}
+    env["TMPDIR"] = str(temporary)
     return subprocess.run(["bash", str(SCRIPT), *options], capture_output=True, text=True, env=env, timeout=600)
 
 
@@ -32,6 +35,7 @@ def test_smoke_runs_both_benchmarks_from_the_carried_tokenizer_and_writes_their_
     inference = (tmp_path / "out" / "inference_gpu_bench.txt").read_text()
     assert "smoke test only" in trainer
     assert "## platform engine (float32 on cpu), shape smoke, 64 conversations x 5 turns x 36 tokens" in inference
+    assert not list((tmp_path / "tmp").glob("agentgym-site.*"))  # its folder of carried wheels is removed
 
 
 def test_without_the_carried_tokenizer_it_says_how_to_prepare(tmp_path: Path) -> None:
