@@ -75,8 +75,8 @@ EVAL_HORIZON = 2
 RECIPES_AT_ONCE = 2
 """Recipe runs in flight together. A run is mostly its one-thread inference engine decoding small batches while
 its trainer waits, and such a decode step is bound by one core's matmul kernels, not by the memory they read (5 of
-~19 GB/s here), so two runs share 2 cores well: the five took 575 s two at a time on the 2-core EPYC, against 847 s
-one after another."""
+~19 GB/s here), so two runs share 2 cores: the five took 392 s two at a time on the 2-core EPYC (2026-12-07),
+each 1-2.5 min alone."""
 
 
 def run_recipe(recipe: Path, directory: Path) -> RecipeRun:
@@ -90,7 +90,7 @@ def run_recipe(recipe: Path, directory: Path) -> RecipeRun:
     # Evaluations at the recipe's own final horizon (5-10 turns) were three quarters of a run's wall time: played
     # at EVAL_HORIZON turns they still cover each eval split through the run's services in all three phases.
     command += ["--eval-max-turns", str(EVAL_HORIZON)]
-    try:  # 164-253 s for the longest (babyai-textcraft) alone on a quiet 2-core machine
+    try:
         result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     except subprocess.TimeoutExpired as expired:  # reported by its own test, not as the fixture's error for all
         output = "".join(
