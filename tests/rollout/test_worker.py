@@ -147,7 +147,8 @@ async def test_a_request_in_play_stays_with_its_worker_and_a_killed_workers_goes
     nc = await nats.connect(nats_server.url)
     js = nc.jetstream()
     await ensure_run_streams(js, channels)
-    ack_wait = WorkerConfig(run=run, nats_url=nats_server.url).ack_wait_s
+    defaults = WorkerConfig(run=run, nats_url=nats_server.url)
+    ack_wait, durable = defaults.ack_wait_s, defaults.durable  # the consumer every worker of the run shares
     async with CompletionClient(inference_url) as client, AsyncEnvClient(babyai_url) as env:
         served = await client.policy_version()
         held = rollout_request(run, 1)
@@ -163,7 +164,7 @@ async def test_a_request_in_play_stays_with_its_worker_and_a_killed_workers_goes
 
             async def pending() -> int:
                 try:
-                    return int((await js.consumer_info(channels.requests_stream, "rollout-workers")).num_ack_pending)
+                    return int((await js.consumer_info(channels.requests_stream, durable)).num_ack_pending)
                 except nats.js.errors.NotFoundError:
                     return 0
 
@@ -178,7 +179,7 @@ async def test_a_request_in_play_stays_with_its_worker_and_a_killed_workers_goes
             stop = asyncio.Event()
             running = asyncio.create_task(second.run(stop))
             await asyncio.sleep(1.2 * ack_wait)
-            info = await js.consumer_info(channels.requests_stream, "rollout-workers")
+            info = await js.consumer_info(channels.requests_stream, durable)
             assert info.config.ack_wait == ack_wait
             assert info.num_redelivered == 0 and info.num_ack_pending == 1  # still the first worker's
             assert second.stats.published == 0
