@@ -192,7 +192,11 @@ async def test_a_request_in_play_stays_with_its_worker_and_a_killed_workers_goes
         trajectory = decode_message(message.data, rl_pb2.Trajectory)
         assert trajectory.trajectory_id == held.request_id and trajectory.termination == rl_pb2.TERMINATION_HORIZON
         assert second.stats.published == 1
-        assert (await js.stream_info(channels.requests_stream)).state.messages == 0  # acked by the second
+        # The ack is a plain publish, flushed after `message.ack()` returns: the server may apply it a moment later.
+        deadline = time.monotonic() + 10
+        while (await js.stream_info(channels.requests_stream)).state.messages != 0:  # acked by the second
+            assert time.monotonic() < deadline, "the second worker's ack never reached the stream"
+            await asyncio.sleep(0.1)
         stop.set()
         await asyncio.wait_for(running, 30)
     await nc.close()
