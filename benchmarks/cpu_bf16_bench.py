@@ -7,7 +7,9 @@ in bf16, only where the CPU multiplies bf16 in hardware (AVX512-BF16 or AMX, `ag
 elsewhere oneDNN emulates it and both run several times slower than in float32. This script prints what this CPU
 has and the measured ratios, the figures behind that rule. The inference rounds alternate between the two engines
 (both loaded at once); each round sends `--sequences` distinct prompts of `--prompt-tokens` random ids at once,
-first for one new token (prefill), then for `--new-tokens` (prefill + decode).
+first for one new token (prefill), then for `--new-tokens` (prefill + decode). Then one layer's decode attention
+over bf16 inputs: torch's bf16 kernel against the inputs upcast to float32 (the engine times the two once per shape
+and keeps the faster: `decoder.decode_attention_in_float32`).
 
 Usage: python benchmarks/cpu_bf16_bench.py [--tokens 2048] [--repeats 3]
        python benchmarks/cpu_bf16_bench.py --inference --model builtin:smollm2-135m [--sequences 16]
@@ -104,6 +106,33 @@ def inference(args: argparse.Namespace) -> None:
     plain_decode = medians[("bf16-plain", args.new_tokens)] - medians[("bf16-plain", 1)]
     packed_prefill = medians[("bf16-plain", 1)] / medians[("bfloat16", 1)]
     print(f"packed bf16 matrices vs plain: prefill {packed_prefill:.2f}x, decode {plain_decode / bf16_decode:.2f}x")
+    lean = engines["bfloat16"]._lean
+    if lean is not None:
+        decode_attention(lean.heads, lean.kv_heads, lean.head_dim, args.sequences, args.prompt_tokens, args.repeats)
+
+
+def decode_attention(heads: int, kv_heads: int, head_dim: int, rows: int, columns: int, repeats: int) -> None:
+    """A decode step's attention (one query a row) over bf16 q/K/V: torch's bf16 kernel against the inputs
+    upcast to float32 (`decoder.decode_attention_in_float32`, which the engine times once per shape), one layer."""
+    from agentgym.inference import decoder
+
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(rows, heads, 1, head_dim, generator=generator).bfloat16()
+    keys, values = (torch.randn(rows, kv_heads, columns, head_dim, generator=generator).bfloat16() for _ in "kv")
+    allowed = torch.ones(rows, 1, 1, columns, dtype=torch.bool)
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(repeats):
+        for upcast in (False, True):
+            started = time.perf_counter()
+            for _ in range(20):
+                decoder._decode_attention(q, keys, values, allowed, head_dim**-0.5, None, upcast)
+            seconds[upcast].append((time.perf_counter() - started) / 20)
+    bf16, upcast = (statistics.median(seconds[choice]) * 1000 for choice in (False, True))
+    print(
+        f"decode attention, {rows} rows over {columns} keys, one layer: bf16 kernel {bf16:.2f} ms,"
+        f" upcast to float32 {upcast:.2f} ms ({bf16 / upcast:.2f}x); the engine here: "
+        + ("upcast" if decoder.decode_attention_in_float32(heads, kv_heads, head_dim, torch.bfloat16) else "bf16")
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -459,3 +460,71 @@ def test_an_engine_with_one_thread_and_a_spare_core_shares_its_head_and_generate
             engine.close()
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_bf16_decode_steps_attention_is_timed_once_per_shape_and_either_way_is_the_float32_formula(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Upcast or not, a decode step's attention is softmax(q K^T / sqrt(d) + mask) V over the bf16 inputs with
+    float32 scores: computed here by hand, one query head at a time with its key/value head. Upcast, the result is
+    that float32 value rounded once to bf16; torch's bf16 kernel also rounds the probabilities to bf16 before
+    weighting the values (2^-9 of each p_i |v_i|)."""
+    monkeypatch.setattr(decoder_module, "_DECODE_ATTENTION_FLOAT32_BY_SHAPE", {})
+    generator = torch.Generator().manual_seed(5)
+    batch, heads, kv_heads, head_dim, columns = 3, 4, 2, 8, 6
+    q = torch.randn(batch, heads, 1, head_dim, generator=generator).bfloat16()
+    keys = torch.randn(batch, kv_heads, columns, head_dim, generator=generator).bfloat16()
+    values = torch.randn(batch, kv_heads, columns, head_dim, generator=generator).bfloat16()
+    allowed = torch.rand(batch, 1, 1, columns, generator=generator) > 0.4
+    allowed[..., -1] = True
+    scale = head_dim**-0.5
+    expected, spread = torch.empty(batch, heads, 1, head_dim), torch.empty(batch, heads, 1, head_dim)
+    for row in range(batch):
+        for head in range(heads):
+            kv = head // (heads // kv_heads)
+            scores = [
+                float(q[row, head, 0].float() @ keys[row, kv, column].float()) * scale
+                if allowed[row, 0, 0, column]
+                else float("-inf")
+                for column in range(columns)
+            ]
+            top = max(scores)
+            weights = torch.tensor([math.exp(score - top) for score in scores])
+            probabilities = weights / weights.sum()
+            expected[row, head, 0] = probabilities @ values[row, kv].float()
+            spread[row, head, 0] = probabilities @ values[row, kv].float().abs()
+    upcast = decoder_module._decode_attention(q, keys, values, allowed, scale, None, True)
+    bf16 = decoder_module._decode_attention(q, keys, values, allowed, scale, None, False)
+    assert upcast.dtype == bf16.dtype == torch.bfloat16
+    assert torch.equal(upcast, expected.bfloat16()) or bool(
+        ((upcast.float() - expected).abs() <= 2**-8 * expected.abs()).all()  # the f32 sums' order, then one rounding
+    )
+    gap = (bf16.float() - expected).abs()
+    assert bool((gap <= 2**-8 * (expected.abs() + spread)).all()), (gap / (expected.abs() + spread)).max().item()
+    # The choice is timed on the first decoder of a shape and kept for the process.
+    model = tiny_qwen2()
+    lean = LeanDecoder.for_model(model, torch.bfloat16)
+    assert lean is not None
+    shape = (lean.heads, lean.kv_heads, lean.head_dim, torch.bfloat16)
+    assert dict(decoder_module._DECODE_ATTENTION_FLOAT32_BY_SHAPE) == {shape: lean.decode_attention_in_float32}
+    calls: list[bool] = []
+    timed = decoder_module._decode_attention
+    monkeypatch.setattr(
+        decoder_module,
+        "_decode_attention",
+        lambda *args: calls.append(args[-1]) or timed(*args),  # type: ignore[func-returns-value]
+    )
+    for choice in (True, False):
+        decoder_module._DECODE_ATTENTION_FLOAT32_BY_SHAPE[shape] = choice
+        again = LeanDecoder.for_model(tiny_qwen2(), torch.bfloat16)
+        assert again is not None and again.decode_attention_in_float32 is choice
+        ids, mask, positions = left_padded([5, 3], int(model.config.vocab_size), torch.Generator().manual_seed(6))
+        cache = growing_cache(model)
+        with torch.inference_mode():
+            again.forward(ids, mask, positions, cache)  # a prefill: attention in bf16, not this rule's
+            assert calls == [], "timed again, or a prefill went through the decode rule"
+            step_mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], dim=1)
+            again.forward(torch.tensor([[7], [9]]), step_mask, positions[:, -1:] + 1, cache)
+        assert calls == [choice] * len(again.layers)
+        calls.clear()
+    assert LeanDecoder.for_model(tiny_qwen2()).decode_attention_in_float32 is False  # float32 engine: no rule

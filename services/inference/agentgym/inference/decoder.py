@@ -28,6 +28,10 @@ Where oneDNN multiplies bf16 natively, the bf16 matrices are also packed once in
 cost as much as the multiplication (a SmolLM2 projection 167 -> 79 us for one row, the LM head 8.9 -> 5.6 ms for
 32 rows; bit-identical results). The packed matrices are then the only copy: the model's projections (and an
 untied LM head) are left on the meta device, so its own forward fails loudly rather than running on stale storage.
+A decode step's attention (one query a row) is computed on its bf16 inputs upcast to float32 where that is faster
+than torch's bf16 kernel, timed once per shape (`decode_attention_in_float32`): on a 2-core AVX512-BF16 EPYC (no
+AMX) that kernel made a bf16 SmolLM2 decode step slower than a float32 one (156 against 110 ms for 16 rows over 400
+keys); upcast, 65-68 ms. The KV cache stays bf16.
 
 The float32 LM head is multiplied in whichever of two layouts is faster here, timed rather than assumed
 (`head_logits`): the plain matrix through `F.linear` (MKL), or a packed copy through oneDNN, made once per weight
@@ -352,6 +356,58 @@ def shared_attention(
     return torch.cat(helper.run(parts), dim=1)
 
 
+DECODE_ATTENTION_TIMING_SHAPE = (8, 256)
+"""Rows and key columns of the decode attention timed by `decode_attention_in_float32` (a typical decode batch)."""
+
+_DECODE_ATTENTION_FLOAT32_BY_SHAPE: dict[tuple[int, int, int, torch.dtype], bool] = {}
+"""(heads, kv_heads, head_dim, dtype) -> whether a decode step's attention was faster upcast to float32 here."""
+
+
+def decode_attention_in_float32(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether a decode step's attention (one query per row) over `dtype` queries/keys/values runs faster upcast to
+    float32 than in `dtype`, timed once per shape in this process (`DECODE_ATTENTION_TIMING_SHAPE`, medians of
+    `HEAD_TIMING_RUNS` alternating runs each).
+
+    Both compute softmax(q K^T / sqrt(d) + mask) V over the same bf16-rounded inputs with float32 scores (the
+    float32 one exactly; its output is rounded to `dtype` as the other's is). They differ in speed only, by CPU:
+    on a 2-core AMD EPYC with AVX512-BF16 (no AMX), torch's bf16 kernel for one query per row took 7.2 ms for 16
+    SmolLM2 rows over 432 keys where upcasting the cache and attending in float32 took 1.3 ms (0.30 against
+    0.06 ms for one row), while from 4 queries a row the two were level (`benchmarks/cpu_bf16_bench.py`)."""
+    key = (heads, kv_heads, head_dim, dtype)
+    choice = _DECODE_ATTENTION_FLOAT32_BY_SHAPE.get(key)
+    if choice is None:
+        rows, columns = DECODE_ATTENTION_TIMING_SHAPE
+        generator = torch.Generator().manual_seed(0)
+        q = torch.randn(rows, heads, 1, head_dim, generator=generator).to(dtype)
+        keys, values = (torch.randn(rows, kv_heads, columns, head_dim, generator=generator).to(dtype) for _ in "kv")
+        allowed = torch.ones(rows, 1, 1, columns, dtype=torch.bool)
+        seconds: dict[bool, list[float]] = {False: [], True: []}
+        with torch.inference_mode():
+            for _ in range(HEAD_TIMING_RUNS):
+                for upcast in (False, True):
+                    start = time.perf_counter()
+                    _decode_attention(q, keys, values, allowed, head_dim**-0.5, None, upcast)
+                    seconds[upcast].append(time.perf_counter() - start)
+        choice = statistics.median(seconds[True]) < statistics.median(seconds[False])
+        _DECODE_ATTENTION_FLOAT32_BY_SHAPE[key] = choice
+    return choice
+
+
+def _decode_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    allowed: torch.Tensor,
+    scale: float,
+    helper: ForwardHelper | None,
+    in_float32: bool,
+) -> torch.Tensor:
+    """`shared_attention` in the inputs' dtype, or upcast to float32 with the result rounded back to it."""
+    if not in_float32:
+        return shared_attention(q, keys, values, allowed, scale, helper)
+    return shared_attention(q.float(), keys.float(), values.float(), allowed, scale, helper).to(q.dtype)
+
+
 HEAD_TIMING_RUNS = 3
 """Runs of each layout when a row count's head product is timed; the medians are compared."""
 
@@ -442,6 +498,9 @@ class LeanDecoder:
         self.layers = [_Layer(layer, matmul_dtype) for layer in inner.layers]
         self.q_width = self.heads * self.head_dim
         self.kv_width = self.kv_heads * self.head_dim
+        self.decode_attention_in_float32 = matmul_dtype is not None and decode_attention_in_float32(
+            self.heads, self.kv_heads, self.head_dim, matmul_dtype
+        )
 
     @classmethod
     def for_model(
@@ -495,7 +554,12 @@ class LeanDecoder:
             else:  # RoPE in float32, as under autocast; keys and values are cached in the matmul dtype
                 q, k = _rope(q.float(), cos, sin).to(low), _rope(k.float(), cos, sin).to(low)
             keys, values = cache.layers[index].update(k, v)
-            attended = shared_attention(q, keys, values, allowed, self.scaling, helper)
+            if low is not None and new == 1:  # a decode step: in float32 where that is faster here
+                attended = _decode_attention(
+                    q, keys, values, allowed, self.scaling, helper, self.decode_attention_in_float32
+                )
+            else:
+                attended = shared_attention(q, keys, values, allowed, self.scaling, helper)
             attended = attended.transpose(1, 2).reshape(batch, new, self.q_width)
             hidden = hidden + shared_linear(attended, layer.o, layer.o_bias, helper).to(hidden.dtype)
             x = F.rms_norm(hidden, size, layer.norm2, self.eps)
