@@ -293,10 +293,10 @@ def test_the_lm_head_is_timed_once_per_row_count_and_either_layout_gives_its_log
     expected = torch.nn.functional.linear(states, head)
     timed = decoder_module.head_logits(states, head, packed)
     decided = decoder_module._HEAD_PACKED_BY_SHAPE
-    assert list(decided) == [(1000, 64, 4, False)]
+    assert list(decided) == [(1000, 64, 4, False, torch.float32)]
     torch.testing.assert_close(timed, expected, atol=1e-5, rtol=1e-5)
     for use_packed in (False, True):  # the layout a row count was given is the one it runs
-        decided[(1000, 64, 4, False)] = use_packed
+        decided[(1000, 64, 4, False, torch.float32)] = use_packed
         logits = decoder_module.head_logits(states, head, packed)
         assert logits.shape == (4, 1000)
         if use_packed:
@@ -305,7 +305,7 @@ def test_the_lm_head_is_timed_once_per_row_count_and_either_layout_gives_its_log
         else:
             assert torch.equal(logits, expected)
     decoder_module.head_logits(states[:2], head, packed)  # another row count is timed on its own
-    assert sorted(rows for _, _, rows, _ in decided) == [2, 4]
+    assert sorted(rows for _, _, rows, _, _ in decided) == [2, 4]
     assert decoder_module.head_logits(states, head) is not None and len(decided) == 2  # no packed copy: not timed
 
 
@@ -528,3 +528,33 @@ def test_a_bf16_decode_steps_attention_is_timed_once_per_shape_and_either_way_is
         assert calls == [choice] * len(again.layers)
         calls.clear()
     assert LeanDecoder.for_model(tiny_qwen2()).decode_attention_in_float32 is False  # float32 engine: no rule
+
+
+@pytest.mark.skipif(not decoder_module._onednn_bf16(), reason="oneDNN has no native bf16 matmul on this CPU")
+def test_a_packed_bf16_head_is_sliced_for_a_helper_and_either_layout_gives_its_logits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a helper, a packed bf16 head also keeps `HEAD_CHUNKS` packed vocabulary slices to share; the faster of
+    the two is timed per row count (apart from float32 heads of the same shape), and both give the head's logits."""
+    monkeypatch.setattr(decoder_module, "_HEAD_PACKED_BY_SHAPE", {})
+    helper = decoder_module.ForwardHelper()
+    try:
+        model = tiny_qwen2()
+        head = model.lm_head.weight.detach().bfloat16().float()  # the bf16 values, to multiply in float32 by hand
+        alone = LeanDecoder.for_model(tiny_qwen2(), torch.bfloat16)
+        shared = LeanDecoder.for_model(model, torch.bfloat16, helper)
+        assert alone is not None and shared is not None and alone.lm_head_packed is None
+        assert shared.lm_head.is_mkldnn and shared.lm_head_packed is not None
+        assert [part.is_mkldnn for part in shared.lm_head_packed] == [True] * decoder_module.HEAD_CHUNKS
+        states = torch.randn(3, head.shape[1], generator=torch.Generator().manual_seed(7)).bfloat16()
+        expected = states.float() @ head.T  # float32 sums of the bf16 products; each kernel rounds once to bf16
+        for use_packed in (None, False, True):  # timed on first use, then each layout as decided
+            key = (int(head.shape[0]), int(head.shape[1]), 3, True, torch.bfloat16)
+            if use_packed is not None:
+                decoder_module._HEAD_PACKED_BY_SHAPE[key] = use_packed
+            logits = decoder_module.head_logits(states, shared.lm_head, shared.lm_head_packed, helper)
+            assert list(decoder_module._HEAD_PACKED_BY_SHAPE) == [key]
+            assert logits.shape == expected.shape
+            torch.testing.assert_close(logits.float(), expected, atol=1e-2, rtol=2**-7)
+    finally:
+        helper.close()

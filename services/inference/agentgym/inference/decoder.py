@@ -411,8 +411,9 @@ def _decode_attention(
 HEAD_TIMING_RUNS = 3
 """Runs of each layout when a row count's head product is timed; the medians are compared."""
 
-_HEAD_PACKED_BY_SHAPE: dict[tuple[int, int, int, bool], bool] = {}
-"""(vocab, hidden, rows, shared with a helper) -> whether the packed layout beat the plain one when timed here."""
+_HEAD_PACKED_BY_SHAPE: dict[tuple[int, int, int, bool, torch.dtype], bool] = {}
+"""(vocab, hidden, rows, shared with a helper, dtype) -> whether the packed slices beat the whole matrix when timed
+here."""
 
 
 def head_logits(
@@ -425,7 +426,7 @@ def head_logits(
     (`_pack_float32`; shared with `helper` when given) where that was faster for this many rows when timed here."""
     if packed is None or x.dim() != 2:
         return _linear(x, weight)
-    shape = (int(weight.shape[0]), int(weight.shape[1]), int(x.shape[0]), helper is not None)
+    shape = (int(weight.shape[0]), int(weight.shape[1]), int(x.shape[0]), helper is not None, weight.dtype)
     use_packed = _HEAD_PACKED_BY_SHAPE.get(shape)
     if use_packed is None:
         use_packed, logits = _time_head_layouts(x, weight, packed, helper)
@@ -489,10 +490,14 @@ class LeanDecoder:
         self.norm = inner.norm.weight
         # A head tied to the embedding gets its own low-precision copy: the embedding lookup stays float32.
         head = model.lm_head.weight.detach()
-        self.lm_head = head if matmul_dtype is None else _pack(head.to(matmul_dtype))
+        low_head = head if matmul_dtype is None else head.to(matmul_dtype)
+        self.lm_head = low_head if matmul_dtype is None else _pack(low_head)
         self.helper = helper
         chunks = HEAD_CHUNKS if helper is not None else 1
         self.lm_head_packed = _pack_float32(self.lm_head, chunks) if not self.lm_head.is_mkldnn else None
+        if self.lm_head.is_mkldnn and helper is not None:  # packed bf16: slices to share, timed against the whole
+            self.lm_head_packed = [_pack(part.contiguous()) for part in low_head.chunk(HEAD_CHUNKS)]
+        del low_head
         if self.lm_head.is_mkldnn and head.data_ptr() != self.embed.data_ptr():
             model.lm_head.weight = nn.Parameter(head.to("meta"), requires_grad=False)  # untied: the packed one only
         self.layers = [_Layer(layer, matmul_dtype) for layer in inner.layers]
