@@ -125,7 +125,7 @@ def decode_attention(heads: int, kv_heads: int, head_dim: int, rows: int, column
         for upcast in (False, True):
             started = time.perf_counter()
             for _ in range(20):
-                decoder._decode_attention(q, keys, values, allowed, head_dim**-0.5, None, upcast)
+                decoder.shared_attention(q, keys, values, allowed, head_dim**-0.5, None, upcast)
             seconds[upcast].append((time.perf_counter() - started) / 20)
     bf16, upcast = (statistics.median(seconds[choice]) * 1000 for choice in (False, True))
     print(

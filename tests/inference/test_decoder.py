@@ -493,8 +493,8 @@ def test_a_bf16_decode_steps_attention_is_timed_once_per_shape_and_either_way_is
             probabilities = weights / weights.sum()
             expected[row, head, 0] = probabilities @ values[row, kv].float()
             spread[row, head, 0] = probabilities @ values[row, kv].float().abs()
-    upcast = decoder_module._decode_attention(q, keys, values, allowed, scale, None, True)
-    bf16 = decoder_module._decode_attention(q, keys, values, allowed, scale, None, False)
+    upcast = decoder_module.shared_attention(q, keys, values, allowed, scale, None, True)
+    bf16 = decoder_module.shared_attention(q, keys, values, allowed, scale, None, False)
     assert upcast.dtype == bf16.dtype == torch.bfloat16
     assert torch.equal(upcast, expected.bfloat16()) or bool(
         ((upcast.float() - expected).abs() <= 2**-8 * expected.abs()).all()  # the f32 sums' order, then one rounding
@@ -507,22 +507,26 @@ def test_a_bf16_decode_steps_attention_is_timed_once_per_shape_and_either_way_is
     assert lean is not None
     shape = (lean.heads, lean.kv_heads, lean.head_dim, torch.bfloat16)
     assert dict(decoder_module._DECODE_ATTENTION_FLOAT32_BY_SHAPE) == {shape: lean.decode_attention_in_float32}
-    calls: list[bool] = []
-    timed = decoder_module._decode_attention
-    monkeypatch.setattr(
-        decoder_module,
-        "_decode_attention",
-        lambda *args: calls.append(args[-1]) or timed(*args),  # type: ignore[func-returns-value]
-    )
+    calls: list[bool] = []  # `in_float32` of each attention over bf16 inputs (an upcast one's inner call is float32)
+
+    def record(*args: Any) -> torch.Tensor:
+        if args[0].dtype == torch.bfloat16:
+            calls.append(bool(args[6]) if len(args) > 6 else False)
+        return attend(*args)
+
+    attend = decoder_module.shared_attention
+    monkeypatch.setattr(decoder_module, "shared_attention", record)
     for choice in (True, False):
         decoder_module._DECODE_ATTENTION_FLOAT32_BY_SHAPE[shape] = choice
         again = LeanDecoder.for_model(tiny_qwen2(), torch.bfloat16)
         assert again is not None and again.decode_attention_in_float32 is choice
+        assert calls == [], "timed again"
         ids, mask, positions = left_padded([5, 3], int(model.config.vocab_size), torch.Generator().manual_seed(6))
         cache = growing_cache(model)
         with torch.inference_mode():
             again.forward(ids, mask, positions, cache)  # a prefill: attention in bf16, not this rule's
-            assert calls == [], "timed again, or a prefill went through the decode rule"
+            assert calls == [False] * len(again.layers)
+            calls.clear()
             step_mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], dim=1)
             again.forward(torch.tensor([[7], [9]]), step_mask, positions[:, -1:] + 1, cache)
         assert calls == [choice] * len(again.layers)

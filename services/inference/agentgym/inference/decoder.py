@@ -329,11 +329,16 @@ def shared_attention(
     allowed: torch.Tensor,
     scale: float,
     helper: ForwardHelper | None,
+    in_float32: bool = False,
 ) -> torch.Tensor:
     """Scaled dot-product attention of `q` `[batch, heads, new, d]` over `keys`/`values` `[batch, kv_heads, columns,
     d]` where `allowed` `[batch, 1, new, columns]`; split between the caller and `helper` when large enough
     (`SHARED_ATTENTION_MACS`): by batch halves, or a single row by groups of key/value heads (each with its query
-    heads). Every query row's result is computed by the same kernel either way."""
+    heads). Every query row's result is computed by the same kernel either way. `in_float32`: on the inputs upcast
+    to float32, the result rounded back to their dtype (`decode_attention_in_float32`)."""
+    if in_float32 and q.dtype != torch.float32:
+        upcast = shared_attention(q.float(), keys.float(), values.float(), allowed, scale, helper)
+        return upcast.to(q.dtype)
     batch, heads, new, head_dim = (int(size) for size in q.shape)
     kv_heads, columns = int(keys.shape[1]), int(keys.shape[2])
     attend = partial(F.scaled_dot_product_attention, scale=scale, enable_gqa=kv_heads != heads)
@@ -386,26 +391,11 @@ def decode_attention_in_float32(heads: int, kv_heads: int, head_dim: int, dtype:
             for _ in range(HEAD_TIMING_RUNS):
                 for upcast in (False, True):
                     start = time.perf_counter()
-                    _decode_attention(q, keys, values, allowed, head_dim**-0.5, None, upcast)
+                    shared_attention(q, keys, values, allowed, head_dim**-0.5, None, upcast)
                     seconds[upcast].append(time.perf_counter() - start)
         choice = statistics.median(seconds[True]) < statistics.median(seconds[False])
         _DECODE_ATTENTION_FLOAT32_BY_SHAPE[key] = choice
     return choice
-
-
-def _decode_attention(
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    allowed: torch.Tensor,
-    scale: float,
-    helper: ForwardHelper | None,
-    in_float32: bool,
-) -> torch.Tensor:
-    """`shared_attention` in the inputs' dtype, or upcast to float32 with the result rounded back to it."""
-    if not in_float32:
-        return shared_attention(q, keys, values, allowed, scale, helper)
-    return shared_attention(q.float(), keys.float(), values.float(), allowed, scale, helper).to(q.dtype)
 
 
 HEAD_TIMING_RUNS = 3
@@ -560,7 +550,7 @@ class LeanDecoder:
                 q, k = _rope(q.float(), cos, sin).to(low), _rope(k.float(), cos, sin).to(low)
             keys, values = cache.layers[index].update(k, v)
             if low is not None and new == 1:  # a decode step: in float32 where that is faster here
-                attended = _decode_attention(
+                attended = shared_attention(
                     q, keys, values, allowed, self.scaling, helper, self.decode_attention_in_float32
                 )
             else:
