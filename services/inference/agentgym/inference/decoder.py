@@ -377,7 +377,8 @@ def decode_attention_in_float32(heads: int, kv_heads: int, head_dim: int, dtype:
     float32 one exactly; its output is rounded to `dtype` as the other's is). They differ in speed only, by CPU:
     on a 2-core AMD EPYC with AVX512-BF16 (no AMX), torch's bf16 kernel for one query per row took 7.2 ms for 16
     SmolLM2 rows over 432 keys where upcasting the cache and attending in float32 took 1.3 ms (0.30 against
-    0.06 ms for one row), while from 4 queries a row the two were level (`benchmarks/cpu_bf16_bench.py`)."""
+    0.06 ms for one row), while from 4 queries a row the two were level (by hand, one thread; the same comparison
+    at 16 rows over 400 keys: `benchmarks/cpu_bf16_bench.py --inference`, 3.18 against 0.57 ms)."""
     key = (heads, kv_heads, head_dim, dtype)
     choice = _DECODE_ATTENTION_FLOAT32_BY_SHAPE.get(key)
     if choice is None:
