@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import pytest
 import yaml
 
 from agentgym.local.runner import vllm_python
+from agentgym.local.supervisor import persistent_temp_caches
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 AGENTGYM = [sys.executable, "-m", "agentgym.cli"]
@@ -64,11 +67,14 @@ def test_a_vllm_run_trains_rolls_weights_and_survives_a_killed_server(tmp_path: 
     spec_path = tmp_path / "vllm-run.yaml"
     spec_path.write_text(yaml.safe_dump(spec(3)))
     run_dir = tmp_path / "run"
+    # The runner's own temporary directory (short: vLLM binds Unix sockets under its children's scratch folders).
+    runner_tmp = Path(tempfile.mkdtemp(prefix="agentgym-vllm-run-"))
     runner = subprocess.Popen(
         [*AGENTGYM, "run", str(spec_path), "--run-dir", str(run_dir), "--no-live", "--no-evaluate"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, **persistent_temp_caches(), "TMPDIR": str(runner_tmp)},  # vLLM's kernels: the usual cache
     )
     try:
         deadline = time.monotonic() + 900
@@ -102,3 +108,7 @@ def test_a_vllm_run_trains_rolls_weights_and_survives_a_killed_server(tmp_path: 
     assert final["phase"] == "Succeeded" and final["step"] == 3
     assert final["servedPolicyVersion"] == final["policyVersion"] >= 3  # every step's policy was rolled in
     assert final["metrics"]["restarts.inference"] == 1.0
+    # Nothing of the killed vLLM (ZMQ sockets, vllm_dist_* files) nor of the others is left in /tmp: each start's
+    # scratch folder went with it.
+    assert list(runner_tmp.iterdir()) == []
+    shutil.rmtree(runner_tmp)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +27,7 @@ from agentgym.inference.engine import Engine, SamplingParams
 from agentgym.inference.models import tiny_model_dir
 from agentgym.inference.vllm import CPU_ATTENTION_HEAD_SIZES, VLLMAdapter, cpu_attention_refusal
 from agentgym.local.runner import local_command, vllm_python
+from agentgym.local.supervisor import persistent_temp_caches
 from agentgym.messaging import free_port
 from agentgym.operator.manifests import Checkpoint
 from agentgym.operator.weights import Replica, VllmWeightRoller, sync_replicas
@@ -79,7 +82,10 @@ class VllmServer:
         component = inference_server(cpu_run(str(model)), placement)
         self.argv = local_command(component.command)
         self.log_path = log_path
-        env = {**os.environ, **component.env, "OMP_WAIT_POLICY": "PASSIVE"}
+        # Its own TMPDIR, as the supervisor gives it: vLLM leaves ZMQ sockets and vllm_dist_* files there.
+        self.scratch_dir = tempfile.mkdtemp(prefix="agentgym-vllm-")
+        env = {**persistent_temp_caches(), **os.environ, **component.env, "OMP_WAIT_POLICY": "PASSIVE"}
+        env["TMPDIR"] = self.scratch_dir
         self.process = subprocess.Popen(
             self.argv, stdout=log_path.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
@@ -105,6 +111,7 @@ class VllmServer:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, 9)
                 self.process.wait(10)
+        shutil.rmtree(self.scratch_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

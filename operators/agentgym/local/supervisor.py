@@ -1,15 +1,25 @@
-"""Supervised local processes: started in order, health-checked, restarted when they crash, stopped cleanly."""
+"""Supervised local processes: started in order, health-checked, restarted when they crash, stopped cleanly.
+
+Each start of a child gets its own scratch folder as `TMPDIR` (`agentgym-<name>-*` in this process's temporary
+directory), removed once that child is seen to have exited, however it ended. What a killed child cannot clean
+up itself (vLLM's ZMQ sockets and `vllm_dist_*` files, a killed Chromium's `org.chromium.Chromium.*`) goes with
+it instead of piling up in /tmp over a long run's restarts. The folder's path stays short: Unix socket paths
+are limited to 107 bytes, and vLLM puts 36-character socket names in it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import ctypes
+import getpass
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +51,8 @@ class ManagedProcess:
     process: subprocess.Popen[bytes]
     log_path: Path
     started_at: float
+    scratch_dir: Path
+    """This start's `TMPDIR`, removed when the process is seen to have exited (`Supervisor.reap`)."""
     restarts: int = 0
     finished: bool = False
     healthy: bool = False
@@ -74,10 +86,12 @@ class Supervisor:
         if self.on_event:
             self.on_event(record)
 
-    def _spawn(self, spec: ProcessSpec) -> tuple[subprocess.Popen[bytes], Path]:
+    def _spawn(self, spec: ProcessSpec) -> tuple[subprocess.Popen[bytes], Path, Path]:
         log_path = self.log_dir / f"{spec.name}.log"
         handle = log_path.open("ab")
-        environment = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
+        scratch_dir = Path(tempfile.mkdtemp(prefix=f"agentgym-{spec.name}-"))
+        environment = {**persistent_temp_caches(), **os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
+        environment["TMPDIR"] = str(scratch_dir)
         prefer_sleeping_omp_threads(environment)  # the run's processes share the machine's cores
         # A new session: Ctrl-C in the terminal reaches the runner only, which stops children in order.
         # The parent-death signal makes children exit even if the runner itself is killed.
@@ -90,11 +104,17 @@ class Supervisor:
             preexec_fn=_die_with_parent,
         )
         handle.close()
-        return process, log_path
+        return process, log_path, scratch_dir
+
+    @staticmethod
+    def reap(managed: ManagedProcess) -> None:
+        """Remove an exited process's scratch folder (idempotent; a live process keeps its own)."""
+        if managed.process.poll() is not None:
+            shutil.rmtree(managed.scratch_dir, ignore_errors=True)
 
     async def start(self, spec: ProcessSpec) -> ManagedProcess:
-        process, log_path = self._spawn(spec)
-        managed = ManagedProcess(spec, process, log_path, started_at=time.time())
+        process, log_path, scratch_dir = self._spawn(spec)
+        managed = ManagedProcess(spec, process, log_path, started_at=time.time(), scratch_dir=scratch_dir)
         self.processes[spec.name] = managed
         self.event("started", spec.name, pid=process.pid)
         await self.wait_healthy(managed)
@@ -128,6 +148,7 @@ class Supervisor:
                 if code is None or managed.finished:
                     continue
                 spec = managed.spec
+                self.reap(managed)
                 if code == 0 and spec.done_on_success:
                     managed.finished = True
                     self.event("finished", spec.name)
@@ -140,7 +161,7 @@ class Supervisor:
                 if not spec.restart or managed.recent_restarts >= spec.max_restarts:
                     raise ProcessFailedError(f"{spec.name} exited with code {code} (restarts: {managed.restarts})")
                 await asyncio.sleep(min(2**managed.recent_restarts, 10))
-                managed.process, managed.log_path = self._spawn(spec)
+                managed.process, managed.log_path, managed.scratch_dir = self._spawn(spec)
                 managed.restarts += 1
                 managed.recent_restarts += 1
                 managed.started_at = time.time()
@@ -156,7 +177,8 @@ class Supervisor:
         return managed is not None and managed.finished
 
     def stop_all(self, order: list[str] | None = None, timeout_s: float = 30.0) -> None:
-        """SIGTERM in `order` (default: reverse start order), wait, then SIGKILL what is left."""
+        """SIGTERM in `order` (default: reverse start order), wait, then SIGKILL what is left; every scratch
+        folder goes with its process."""
         names = order or list(reversed(self.processes))
         for name in names:
             managed = self.processes.get(name)
@@ -172,6 +194,15 @@ class Supervisor:
                 self.event("killed", name)
             else:
                 self.event("stopped", name, exit_code=managed.process.returncode)
+        for managed in self.processes.values():
+            self.reap(managed)
+
+
+def persistent_temp_caches() -> dict[str, str]:
+    """Caches that live in the temporary directory by default, kept where they are across a child's starts unless
+    set: torch inductor's compiled kernels (vLLM's CPU backend compiles a few outside its own cache; seconds a
+    start)."""
+    return {"TORCHINDUCTOR_CACHE_DIR": str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")}
 
 
 def _die_with_parent() -> None:

@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -215,10 +216,13 @@ def test_killed_browser_fails_the_episode_and_is_replaced() -> None:
         generation = host.generation
         pid = host.call(host.browser_pid, 30)
         assert pid is not None
+        scratch_dir = Path(host.scratch_dirs[generation])  # this Chromium's TMPDIR
+        assert any(entry.name.startswith("org.chromium.Chromium.") for entry in scratch_dir.iterdir())
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while host.alive(generation) and time.monotonic() < deadline:
+        while (host.alive(generation) or scratch_dir.exists()) and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert not scratch_dir.exists()  # what the killed browser left there went with it
         with pytest.raises(Exception, match=r"(?i)crash|closed|target"):
             env.step("scroll [down]")
     finally:

@@ -9,7 +9,8 @@ storage and cache isolated); Chromium starts a renderer per site as it needs one
 Crashes: when Chromium disconnects (killed, out of memory) the host marks that browser generation
 dead; contexts from it raise `BrowserCrashedError` (the service ends those episodes as failed) and
 the next `new_context` launches a fresh browser. The Playwright driver is restarted as well when
-it went down with the browser.
+it went down with the browser. Each Chromium gets its own `TMPDIR` (`scratch_dirs`), removed once it has
+gone: what a killed browser leaves there (its `org.chromium.Chromium.*` singleton folder) goes too.
 
 Settings come from the environment's keyword settings (`BrowserSettings`): the Chromium binary
 (``AGENTGYM_CHROMIUM``, default Debian's ``/usr/bin/chromium``), headless, and the launch flags.
@@ -23,6 +24,8 @@ import concurrent.futures
 import contextlib
 import logging
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -93,6 +96,7 @@ class BrowserHost:
         self._launching: asyncio.Lock | None = None
         self._gone: dict[int, asyncio.Event] = {}  # set when that generation's browser disconnects
         self.generation = 0  # increments with every browser launch
+        self.scratch_dirs: dict[int, str] = {}  # each live generation's TMPDIR
         self.launches = 0
         self.crashes = 0
         self._closed = False
@@ -135,27 +139,34 @@ class BrowserHost:
                 return self._browser, self.generation
             if self._playwright is None:
                 self._playwright = await async_playwright().start()
+            scratch_dir = tempfile.mkdtemp(prefix="agentgym-chromium-")
             try:
-                browser = await self._launch()
-            except Exception:
-                # The driver may have died with the browser: restart it once.
-                with contextlib.suppress(Exception):
-                    await self._playwright.stop()
-                self._playwright = await async_playwright().start()
-                browser = await self._launch()
+                try:
+                    browser = await self._launch(scratch_dir)
+                except Exception:
+                    # The driver may have died with the browser: restart it once.
+                    with contextlib.suppress(Exception):
+                        await self._playwright.stop()
+                    self._playwright = await async_playwright().start()
+                    browser = await self._launch(scratch_dir)
+            except BaseException:
+                shutil.rmtree(scratch_dir, ignore_errors=True)
+                raise
             self.generation += 1
             self.launches += 1
             generation = self.generation
+            self.scratch_dirs[generation] = scratch_dir
             self._gone[generation] = asyncio.Event()
             browser.on("disconnected", lambda _browser: self._on_disconnect(generation))
             self._browser = browser
             log.info("Chromium launched (generation %d)", generation)
             return browser, generation
 
-    async def _launch(self) -> Browser:
+    async def _launch(self, scratch_dir: str) -> Browser:
         assert self._playwright is not None
         return await self._playwright.chromium.launch(
             executable_path=self.settings.chromium(),
+            env={**os.environ, "TMPDIR": scratch_dir},
             headless=self.settings.headless,
             args=self.settings.args(),
             timeout=self.settings.launch_timeout_s * 1000,
@@ -165,6 +176,9 @@ class BrowserHost:
         )
 
     def _on_disconnect(self, generation: int) -> None:
+        scratch_dir = self.scratch_dirs.pop(generation, None)
+        if scratch_dir is not None:
+            shutil.rmtree(scratch_dir, ignore_errors=True)
         gone = self._gone.pop(generation, None)
         if gone is not None:
             gone.set()
@@ -251,6 +265,8 @@ class BrowserHost:
 
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(15)
+        for scratch_dir in list(self.scratch_dirs.values()):
+            shutil.rmtree(scratch_dir, ignore_errors=True)
         self._closed = True
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
