@@ -8,8 +8,8 @@ elsewhere oneDNN emulates it and both run several times slower than in float32. 
 has and the measured ratios, the figures behind that rule. The inference rounds alternate between the two engines
 (both loaded at once); each round sends `--sequences` distinct prompts of `--prompt-tokens` random ids at once,
 first for one new token (prefill), then for `--new-tokens` (prefill + decode). Then one layer's decode attention
-over bf16 inputs: torch's bf16 kernel against the inputs upcast to float32 (the engine times the two once per shape
-and keeps the faster: `decoder.decode_attention_in_float32`).
+over bf16-rounded inputs: torch's bf16 kernel, against float32 on the bf16 cache upcast at every step and on a float32
+cache (the engine times bf16 against a float32 cache once per shape, keeps the faster: `decoder.attention_in_float32`).
 
 Usage: python benchmarks/cpu_bf16_bench.py [--tokens 2048] [--repeats 3]
        python benchmarks/cpu_bf16_bench.py --inference --model builtin:smollm2-135m [--sequences 16]
@@ -112,26 +112,38 @@ def inference(args: argparse.Namespace) -> None:
 
 
 def decode_attention(heads: int, kv_heads: int, head_dim: int, rows: int, columns: int, repeats: int) -> None:
-    """A decode step's attention (one query a row) over bf16 q/K/V: torch's bf16 kernel against the inputs
-    upcast to float32 (`decoder.decode_attention_in_float32`, which the engine times once per shape), one layer."""
+    """A decode step's attention (one query a row) over bf16-rounded q/K/V, one layer: torch's bf16 kernel on a bf16
+    cache, the float32 kernel on that cache upcast at every step, and on a float32 cache of the same values (what
+    the engine does where `decoder.attention_in_float32`, timed once per shape, says float32 is faster)."""
     from agentgym.inference import decoder
 
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(rows, heads, 1, head_dim, generator=generator).bfloat16()
     keys, values = (torch.randn(rows, kv_heads, columns, head_dim, generator=generator).bfloat16() for _ in "kv")
+    keys32, values32 = keys.float(), values.float()
     allowed = torch.ones(rows, 1, 1, columns, dtype=torch.bool)
-    seconds: dict[bool, list[float]] = {False: [], True: []}
+    ways = {
+        "bf16": lambda: decoder.shared_attention(q, keys, values, allowed, head_dim**-0.5, None),
+        "upcast": lambda: decoder.shared_attention(
+            q.float(), keys.float(), values.float(), allowed, head_dim**-0.5, None
+        ).bfloat16(),
+        "float32": lambda: decoder.shared_attention(
+            q.float(), keys32, values32, allowed, head_dim**-0.5, None
+        ).bfloat16(),
+    }
+    seconds: dict[str, list[float]] = {way: [] for way in ways}
     for _ in range(repeats):
-        for upcast in (False, True):
+        for way, attend in ways.items():
             started = time.perf_counter()
             for _ in range(20):
-                decoder.shared_attention(q, keys, values, allowed, head_dim**-0.5, None, upcast)
-            seconds[upcast].append((time.perf_counter() - started) / 20)
-    bf16, upcast = (statistics.median(seconds[choice]) * 1000 for choice in (False, True))
+                attend()
+            seconds[way].append((time.perf_counter() - started) / 20)
+    bf16, upcast, float32 = (statistics.median(seconds[way]) * 1000 for way in ways)
     print(
         f"decode attention, {rows} rows over {columns} keys, one layer: bf16 kernel {bf16:.2f} ms,"
-        f" upcast to float32 {upcast:.2f} ms ({bf16 / upcast:.2f}x); the engine here: "
-        + ("upcast" if decoder.decode_attention_in_float32(heads, kv_heads, head_dim, torch.bfloat16) else "bf16")
+        f" bf16 cache upcast to float32 {upcast:.2f} ms, float32 cache {float32:.2f} ms ({bf16 / float32:.2f}x);"
+        " the engine here: "
+        + ("float32" if decoder.attention_in_float32(heads, kv_heads, head_dim, torch.bfloat16) else "bf16")
     )
 
 

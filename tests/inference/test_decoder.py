@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, DynamicCache, Qwen2Config, Qwen3Config
 
 from agentgym.inference import decoder as decoder_module
@@ -174,24 +175,49 @@ def test_the_engine_generates_the_same_tokens_with_either_forward(monkeypatch: p
     assert results["1"] == results["0"]
 
 
+@pytest.mark.parametrize("attention", ["bf16", "float32"])
 @pytest.mark.parametrize("build", [tiny_llama, tiny_qwen2], ids=["llama-tied-head", "qwen2-biases"])
-def test_bf16_matmuls_compute_what_the_trainers_autocast_computes(build: Any) -> None:
+def test_bf16_matmuls_compute_what_the_trainers_autocast_computes(
+    build: Any, attention: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """bf16 matmuls over float32 norms, RoPE, residual stream and logits: transformers' forward under CPU bf16
-    autocast (the trainer's bf16) to float rounding, much closer to it than either is to float32."""
+    autocast (the trainer's bf16) to float rounding, much closer to it than either is to float32; a prefill and
+    a decode step. With attention in float32 (`attention_in_float32`, by CPU), what autocast computes when its
+    attention is the same formula in float32 over the same bf16-rounded inputs, rounded to bf16 after it."""
+    monkeypatch.setattr(decoder_module, "attention_in_float32", lambda *shape: attention == "float32")
+    bf16_attention = F.scaled_dot_product_attention
+
+    def float32_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, **kw: Any) -> torch.Tensor:
+        with torch.autocast("cpu", enabled=False):
+            inputs = (tensor.bfloat16().float() for tensor in (q, k, v))
+            return bf16_attention(*inputs, *args, **kw).bfloat16()
+
     model = build()
     reference = build()  # float32 weights: the lean pass converts `model`'s projections in place
     lean = LeanDecoder.for_model(model, torch.bfloat16)
-    assert lean is not None
+    assert lean is not None and lean.attention_in_float32 == (attention == "float32")
     vocab = int(model.config.vocab_size)
     generator = torch.Generator().manual_seed(2)
     ids, mask, positions = left_padded([7, 12, 3], vocab, generator)
+    step_mask, step_positions = torch.cat([mask, torch.ones(3, 1, dtype=mask.dtype)], 1), positions[:, -1:] + 1
+    step = torch.tensor([[5], [9], [11]])
     with torch.inference_mode():
-        ours = lean.forward(ids, mask, positions, growing_cache(model))
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            autocast = hf_logits(reference, ids, mask, positions, growing_cache(reference))
-        full = hf_logits(reference, ids, mask, positions, growing_cache(reference))
-    real = (ours - autocast).abs().max().item()
-    assert ours.dtype == torch.float32 and real <= 0.25 * (full - autocast).abs().max().item(), real
+        cache = growing_cache(model)
+        ours = [lean.forward(ids, mask, positions, cache), lean.forward(step, step_mask, step_positions, cache)]
+        theirs: dict[bool, list[torch.Tensor]] = {}
+        for autocast in (True, False):
+            cache = growing_cache(reference)
+            if autocast and attention == "float32":  # transformers' forward looks it up in torch's module
+                monkeypatch.setattr(F, "scaled_dot_product_attention", float32_attention)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                theirs[autocast] = [
+                    hf_logits(reference, ids, mask, positions, cache),
+                    hf_logits(reference, step, step_mask, step_positions, cache),
+                ]
+            monkeypatch.setattr(F, "scaled_dot_product_attention", bf16_attention)
+    for mine, autocast, full in zip(ours, theirs[True], theirs[False], strict=True):
+        real = (mine - autocast).abs().max().item()
+        assert mine.dtype == torch.float32 and real <= 0.25 * (full - autocast).abs().max().item(), real
     # The projections now hold bf16; the embedding (and so a tied head's source) stays float32.
     assert model.model.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
     assert lean.lm_head.dtype == torch.bfloat16 and model.model.embed_tokens.weight.dtype == torch.float32
@@ -241,7 +267,7 @@ def test_bfloat16_means_bf16_matmuls_only_on_a_cpu_with_bf16_units(monkeypatch: 
     assert cpu_matmul_dtype(cpu, "bfloat16") is None
 
 
-def test_a_bf16_engine_samples_with_autocasts_logprobs_and_caches_twice_the_tokens(
+def test_a_bf16_engine_samples_with_autocasts_logprobs_and_caches_in_its_attentions_dtype(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import asyncio
@@ -250,8 +276,11 @@ def test_a_bf16_engine_samples_with_autocasts_logprobs_and_caches_twice_the_toke
     engines = {dtype: Engine(tiny_model_dir(), device="cpu", dtype=dtype, max_batch_size=4) for dtype in DTYPES}
     try:
         assert engines["bfloat16"].matmul_dtype == torch.bfloat16 and engines["float32"].matmul_dtype is None
-        # KV is kept in bf16: the same prefix-cache bytes hold twice the tokens.
-        assert engines["bfloat16"].prefix_cache_tokens == 2 * engines["float32"].prefix_cache_tokens
+        # KV is kept in bf16 (the same prefix-cache bytes hold twice the tokens) unless attention is in float32.
+        lean = engines["bfloat16"]._lean
+        assert lean is not None and lean.kv_dtype == (torch.float32 if lean.attention_in_float32 else torch.bfloat16)
+        tokens = engines["float32"].prefix_cache_tokens * (1 if lean.attention_in_float32 else 2)
+        assert engines["bfloat16"].prefix_cache_tokens == tokens
         prompt = list(range(10, 40))
         params = SamplingParams(max_tokens=6, temperature=1.0, seed=3)
         sample = asyncio.run(engines["bfloat16"].generate(prompt, params)).samples[0]
@@ -462,14 +491,15 @@ def test_an_engine_with_one_thread_and_a_spare_core_shares_its_head_and_generate
         torch.set_num_threads(threads)
 
 
-def test_a_bf16_decode_steps_attention_is_timed_once_per_shape_and_either_way_is_the_float32_formula(
+def test_bf16_attention_is_timed_once_per_shape_and_either_way_is_the_float32_formula(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Upcast or not, a decode step's attention is softmax(q K^T / sqrt(d) + mask) V over the bf16 inputs with
-    float32 scores: computed here by hand, one query head at a time with its key/value head. Upcast, the result is
-    that float32 value rounded once to bf16; torch's bf16 kernel also rounds the probabilities to bf16 before
-    weighting the values (2^-9 of each p_i |v_i|)."""
-    monkeypatch.setattr(decoder_module, "_DECODE_ATTENTION_FLOAT32_BY_SHAPE", {})
+    """In float32 or in bf16, attention over bf16-rounded inputs is softmax(q K^T / sqrt(d) + mask) V with float32
+    scores: computed here by hand, one query head at a time with its key/value head. In float32 the result is that
+    value rounded once to bf16; torch's bf16 kernel also rounds the probabilities to bf16 before weighting the values
+    (2^-9 of each p_i |v_i|). A decoder attends (prefill and decode) and caches in float32 where a decode step was
+    timed faster so, else in bf16."""
+    monkeypatch.setattr(decoder_module, "_ATTENTION_FLOAT32_BY_SHAPE", {})
     generator = torch.Generator().manual_seed(5)
     batch, heads, kv_heads, head_dim, columns = 3, 4, 2, 8, 6
     q = torch.randn(batch, heads, 1, head_dim, generator=generator).bfloat16()
@@ -493,11 +523,12 @@ def test_a_bf16_decode_steps_attention_is_timed_once_per_shape_and_either_way_is
             probabilities = weights / weights.sum()
             expected[row, head, 0] = probabilities @ values[row, kv].float()
             spread[row, head, 0] = probabilities @ values[row, kv].float().abs()
-    upcast = decoder_module.shared_attention(q, keys, values, allowed, scale, None, True)
-    bf16 = decoder_module.shared_attention(q, keys, values, allowed, scale, None, False)
-    assert upcast.dtype == bf16.dtype == torch.bfloat16
-    assert torch.equal(upcast, expected.bfloat16()) or bool(
-        ((upcast.float() - expected).abs() <= 2**-8 * expected.abs()).all()  # the f32 sums' order, then one rounding
+    attend = decoder_module.shared_attention
+    in_float32 = attend(q.float(), keys.float(), values.float(), allowed, scale, None).bfloat16()
+    bf16 = attend(q, keys, values, allowed, scale, None)
+    assert bf16.dtype == torch.bfloat16
+    assert torch.equal(in_float32, expected.bfloat16()) or bool(
+        ((in_float32.float() - expected).abs() <= 2**-8 * expected.abs()).all()  # the f32 sums' order, one rounding
     )
     gap = (bf16.float() - expected).abs()
     assert bool((gap <= 2**-8 * (expected.abs() + spread)).all()), (gap / (expected.abs() + spread)).max().item()
@@ -506,32 +537,37 @@ def test_a_bf16_decode_steps_attention_is_timed_once_per_shape_and_either_way_is
     lean = LeanDecoder.for_model(model, torch.bfloat16)
     assert lean is not None
     shape = (lean.heads, lean.kv_heads, lean.head_dim, torch.bfloat16)
-    assert dict(decoder_module._DECODE_ATTENTION_FLOAT32_BY_SHAPE) == {shape: lean.decode_attention_in_float32}
-    calls: list[bool] = []  # `in_float32` of each attention over bf16 inputs (an upcast one's inner call is float32)
+    assert dict(decoder_module._ATTENTION_FLOAT32_BY_SHAPE) == {shape: lean.attention_in_float32}
+    calls: list[torch.dtype] = []  # the queries' dtype of each attention
 
     def record(*args: Any) -> torch.Tensor:
-        if args[0].dtype == torch.bfloat16:
-            calls.append(bool(args[6]) if len(args) > 6 else False)
+        calls.append(args[0].dtype)
         return attend(*args)
 
-    attend = decoder_module.shared_attention
     monkeypatch.setattr(decoder_module, "shared_attention", record)
     for choice in (True, False):
-        decoder_module._DECODE_ATTENTION_FLOAT32_BY_SHAPE[shape] = choice
+        decoder_module._ATTENTION_FLOAT32_BY_SHAPE[shape] = choice
         again = LeanDecoder.for_model(tiny_qwen2(), torch.bfloat16)
-        assert again is not None and again.decode_attention_in_float32 is choice
+        assert again is not None and again.attention_in_float32 is choice
         assert calls == [], "timed again"
+        dtype = torch.float32 if choice else torch.bfloat16
+        assert again.kv_dtype == dtype
         ids, mask, positions = left_padded([5, 3], int(model.config.vocab_size), torch.Generator().manual_seed(6))
         cache = growing_cache(model)
         with torch.inference_mode():
-            again.forward(ids, mask, positions, cache)  # a prefill: attention in bf16, not this rule's
-            assert calls == [False] * len(again.layers)
-            calls.clear()
+            again.forward(ids, mask, positions, cache)  # a prefill
             step_mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], dim=1)
-            again.forward(torch.tensor([[7], [9]]), step_mask, positions[:, -1:] + 1, cache)
-        assert calls == [choice] * len(again.layers)
+            again.forward(torch.tensor([[7], [9]]), step_mask, positions[:, -1:] + 1, cache)  # a decode step
+        assert calls == [dtype] * 2 * len(again.layers)
         calls.clear()
-    assert LeanDecoder.for_model(tiny_qwen2()).decode_attention_in_float32 is False  # float32 engine: no rule
+        # The cache holds bf16-rounded keys and values in either dtype.
+        for layer in cache.layers:
+            assert layer.keys.dtype == layer.values.dtype == dtype
+            assert torch.equal(layer.keys, layer.keys.bfloat16().to(dtype))
+            assert torch.equal(layer.values, layer.values.bfloat16().to(dtype))
+    float32_engine = LeanDecoder.for_model(tiny_qwen2())
+    assert float32_engine is not None and not float32_engine.attention_in_float32  # no rule without bf16 matmuls
+    assert float32_engine.kv_dtype == torch.float32
 
 
 @pytest.mark.skipif(not decoder_module._onednn_bf16(), reason="oneDNN has no native bf16 matmul on this CPU")

@@ -28,10 +28,11 @@ Where oneDNN multiplies bf16 natively, the bf16 matrices are also packed once in
 cost as much as the multiplication (a SmolLM2 projection 167 -> 79 us for one row, the LM head 8.9 -> 5.6 ms for
 32 rows; bit-identical results). The packed matrices are then the only copy: the model's projections (and an
 untied LM head) are left on the meta device, so its own forward fails loudly rather than running on stale storage.
-A decode step's attention (one query a row) is computed on its bf16 inputs upcast to float32 where that is faster
-than torch's bf16 kernel, timed once per shape (`decode_attention_in_float32`): on a 2-core AVX512-BF16 EPYC (no
-AMX) that kernel made a bf16 SmolLM2 decode step slower than a float32 one (156 against 110 ms for 16 rows over 400
-keys); upcast, 65-68 ms. The KV cache stays bf16.
+Attention is computed in float32, over a float32 KV cache holding the same bf16-rounded keys and values, where a
+decode step's attention (one query a row) is faster so than in torch's bf16 kernel, timed once per shape
+(`attention_in_float32`): on a 2-core AVX512-BF16 EPYC (no AMX) that kernel made a bf16 SmolLM2 decode step slower
+than a float32 one (156 against 110 ms for 16 rows over 400 keys), 65-68 ms with the bf16 cache upcast at every
+step, and the quickstart's rollout step no faster than float32's until the cache itself was float32.
 
 The float32 LM head is multiplied in whichever of two layouts is faster here, timed rather than assumed
 (`head_logits`): the plain matrix through `F.linear` (MKL), or a packed copy through oneDNN, made once per weight
@@ -329,16 +330,11 @@ def shared_attention(
     allowed: torch.Tensor,
     scale: float,
     helper: ForwardHelper | None,
-    in_float32: bool = False,
 ) -> torch.Tensor:
     """Scaled dot-product attention of `q` `[batch, heads, new, d]` over `keys`/`values` `[batch, kv_heads, columns,
     d]` where `allowed` `[batch, 1, new, columns]`; split between the caller and `helper` when large enough
     (`SHARED_ATTENTION_MACS`): by batch halves, or a single row by groups of key/value heads (each with its query
-    heads). Every query row's result is computed by the same kernel either way. `in_float32`: on the inputs upcast
-    to float32, the result rounded back to their dtype (`decode_attention_in_float32`)."""
-    if in_float32 and q.dtype != torch.float32:
-        upcast = shared_attention(q.float(), keys.float(), values.float(), allowed, scale, helper)
-        return upcast.to(q.dtype)
+    heads). Every query row's result is computed by the same kernel either way."""
     batch, heads, new, head_dim = (int(size) for size in q.shape)
     kv_heads, columns = int(keys.shape[1]), int(keys.shape[2])
     attend = partial(F.scaled_dot_product_attention, scale=scale, enable_gqa=kv_heads != heads)
@@ -362,40 +358,47 @@ def shared_attention(
 
 
 DECODE_ATTENTION_TIMING_SHAPE = (8, 256)
-"""Rows and key columns of the decode attention timed by `decode_attention_in_float32` (a typical decode batch)."""
+"""Rows and key columns of the decode attention timed by `attention_in_float32` (a typical decode batch)."""
 
-_DECODE_ATTENTION_FLOAT32_BY_SHAPE: dict[tuple[int, int, int, torch.dtype], bool] = {}
-"""(heads, kv_heads, head_dim, dtype) -> whether a decode step's attention was faster upcast to float32 here."""
+_ATTENTION_FLOAT32_BY_SHAPE: dict[tuple[int, int, int, torch.dtype], bool] = {}
+"""(heads, kv_heads, head_dim, dtype) -> whether a decode step's attention was faster in float32 here."""
 
 
-def decode_attention_in_float32(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
-    """Whether a decode step's attention (one query per row) over `dtype` queries/keys/values runs faster upcast to
-    float32 than in `dtype`, timed once per shape in this process (`DECODE_ATTENTION_TIMING_SHAPE`, medians of
-    `HEAD_TIMING_RUNS` alternating runs each).
+def attention_in_float32(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether a decoder with `dtype` matmuls attends in float32, over a float32 KV cache holding its `dtype`-rounded
+    keys and values, rather than in `dtype`: so where a decode step's attention (one query per row) runs faster in
+    float32 than torch's `dtype` kernel, timed once per shape in this process (`DECODE_ATTENTION_TIMING_SHAPE`,
+    medians of `HEAD_TIMING_RUNS` alternating runs each; the query's upcast counted).
 
     Both compute softmax(q K^T / sqrt(d) + mask) V over the same bf16-rounded inputs with float32 scores (the
-    float32 one exactly; its output is rounded to `dtype` as the other's is). They differ in speed only, by CPU:
-    on a 2-core AMD EPYC with AVX512-BF16 (no AMX), torch's bf16 kernel for one query per row took 7.2 ms for 16
-    SmolLM2 rows over 432 keys where upcasting the cache and attending in float32 took 1.3 ms (0.30 against
-    0.06 ms for one row), while from 4 queries a row the two were level (by hand, one thread; the same comparison
-    at 16 rows over 400 keys: `benchmarks/cpu_bf16_bench.py --inference`, 3.18 against 0.57 ms)."""
+    float32 one exactly; its output is rounded to `dtype` as the other's is, before the output projection). They
+    differ in speed and memory: the float32 cache takes twice the bytes a token (the engine's prefix cache holds
+    half the tokens in the same bytes), and a prefill attends in float32 too (on the EPYC below as fast as in
+    bf16: 11.1 against 11.3 ms a layer for the quickstart's prefills). On a 2-core AMD EPYC with AVX512-BF16 (no
+    AMX), torch's bf16 kernel for one query per row took 7.2 ms for 16 SmolLM2 rows over 432 keys where the same
+    inputs in float32 took 1.3 ms even with the cache upcast first (0.30 against 0.06 ms for one row), while from 4
+    queries a row the two were level (by hand, one thread). Upcasting the bf16 cache at every step, as the engine
+    first did, cost the quickstart's 32 rows over 250-700 keys 2.4 ms a layer against float32's 1.0 ms; a float32
+    cache costs nothing more (`benchmarks/cpu_bf16_bench.py --inference` prints this comparison)."""
     key = (heads, kv_heads, head_dim, dtype)
-    choice = _DECODE_ATTENTION_FLOAT32_BY_SHAPE.get(key)
+    choice = _ATTENTION_FLOAT32_BY_SHAPE.get(key)
     if choice is None:
         rows, columns = DECODE_ATTENTION_TIMING_SHAPE
         generator = torch.Generator().manual_seed(0)
         q = torch.randn(rows, heads, 1, head_dim, generator=generator).to(dtype)
         keys, values = (torch.randn(rows, kv_heads, columns, head_dim, generator=generator).to(dtype) for _ in "kv")
+        cached = {False: (keys, values), True: (keys.float(), values.float())}
         allowed = torch.ones(rows, 1, 1, columns, dtype=torch.bool)
         seconds: dict[bool, list[float]] = {False: [], True: []}
         with torch.inference_mode():
             for _ in range(HEAD_TIMING_RUNS):
-                for upcast in (False, True):
+                for in_float32 in (False, True):
                     start = time.perf_counter()
-                    shared_attention(q, keys, values, allowed, head_dim**-0.5, None, upcast)
-                    seconds[upcast].append(time.perf_counter() - start)
+                    query = q.float() if in_float32 else q
+                    shared_attention(query, *cached[in_float32], allowed, head_dim**-0.5, None).to(dtype)
+                    seconds[in_float32].append(time.perf_counter() - start)
         choice = statistics.median(seconds[True]) < statistics.median(seconds[False])
-        _DECODE_ATTENTION_FLOAT32_BY_SHAPE[key] = choice
+        _ATTENTION_FLOAT32_BY_SHAPE[key] = choice
     return choice
 
 
@@ -494,9 +497,11 @@ class LeanDecoder:
         self.layers = [_Layer(layer, matmul_dtype) for layer in inner.layers]
         self.q_width = self.heads * self.head_dim
         self.kv_width = self.kv_heads * self.head_dim
-        self.decode_attention_in_float32 = matmul_dtype is not None and decode_attention_in_float32(
+        self.attention_in_float32 = matmul_dtype is not None and attention_in_float32(
             self.heads, self.kv_heads, self.head_dim, matmul_dtype
         )
+        self.kv_dtype = torch.float32 if self.attention_in_float32 else (matmul_dtype or self.embed.dtype)
+        """The KV cache's dtype: the matmuls' (bf16 halves a token's bytes) unless attention is in float32."""
 
     @classmethod
     def for_model(
@@ -547,16 +552,15 @@ class LeanDecoder:
             v = v.view(batch, new, self.kv_heads, self.head_dim).transpose(1, 2)
             if low is None:
                 q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-            else:  # RoPE in float32, as under autocast; keys and values are cached in the matmul dtype
+            else:  # RoPE in float32, then q and k rounded to the matmul dtype, as under autocast
                 q, k = _rope(q.float(), cos, sin).to(low), _rope(k.float(), cos, sin).to(low)
+                if self.attention_in_float32:  # the same rounded values, attended and cached in float32
+                    q, k, v = q.float(), k.float(), v.float()
             keys, values = cache.layers[index].update(k, v)
-            if low is not None and new == 1:  # a decode step: in float32 where that is faster here
-                attended = shared_attention(
-                    q, keys, values, allowed, self.scaling, helper, self.decode_attention_in_float32
-                )
-            else:
-                attended = shared_attention(q, keys, values, allowed, self.scaling, helper)
+            attended = shared_attention(q, keys, values, allowed, self.scaling, helper)
             attended = attended.transpose(1, 2).reshape(batch, new, self.q_width)
+            if low is not None:  # the output projection's input in the matmul dtype (a no-op unless in float32)
+                attended = attended.to(low)
             hidden = hidden + shared_linear(attended, layer.o, layer.o_bias, helper).to(hidden.dtype)
             x = F.rms_norm(hidden, size, layer.norm2, self.eps)
             hidden = hidden + shared_mlp(x if low is None else x.to(low), layer.gate_up, layer.down, helper).to(

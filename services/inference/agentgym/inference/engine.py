@@ -255,7 +255,7 @@ class Engine:
                 else "float32 (bf16 runs only on a CPU with bf16 units, AVX512-BF16 or AMX, with a Llama-shaped model)",
             )
         if prefix_cache_tokens is None:
-            kv_dtype = self.matmul_dtype or self.dtype
+            kv_dtype = self._lean.kv_dtype if self._lean is not None else self.dtype
             prefix_cache_tokens = DEFAULT_PREFIX_CACHE_BYTES // kv_bytes_per_token(self._model, kv_dtype)
         self.prefix_cache_tokens = prefix_cache_tokens
         self._prefix = PrefixCache(prefix_cache_tokens, prefix_block_size)
