@@ -11,6 +11,7 @@ bash scripts/build-images.sh --setup-only || podman_ok=0
 # The side environments (.venv-vllm: the tests marked vllm run the real vLLM CPU server; .venv-ui: MLflow for the
 # UI tests) install, mostly downloading, while lint and type checks use the CPU.
 logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT  # the setup logs are printed below; nothing of them is left in /tmp
 bash scripts/setup-vllm.sh >"$logs/vllm.log" 2>&1 &
 vllm_pid=$!
 bash scripts/setup-ui.sh >"$logs/ui.log" 2>&1 &
