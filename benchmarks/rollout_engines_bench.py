@@ -47,7 +47,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import AsyncExitStack, ExitStack, contextmanager
@@ -64,7 +63,7 @@ from agentgym.inference.client import CompletionClient
 from agentgym.inference.engine import LEAN_DECODER_VARIABLE
 from agentgym.inference.models import load_tokenizer, resolve_model, tiny_model_dir
 from agentgym.local.runner import local_command, vllm_python
-from agentgym.local.supervisor import persistent_temp_caches
+from agentgym.local.supervisor import scratch_tmpdir
 from agentgym.messaging import free_port
 from agentgym.operator.manifests import Checkpoint
 from agentgym.operator.weights import Replica, roller_for, sync_replicas
@@ -89,8 +88,9 @@ def load() -> str:
 @contextmanager
 def serve(argv: list[str], env: dict[str, str], health_url: str, timeout: float = 600.0) -> Iterator[int]:
     # Its own TMPDIR, as `agentgym run`'s supervisor gives each child: vLLM leaves sockets and files there.
-    scratch_dir = tempfile.mkdtemp(prefix="agentgym-bench-")
-    environment = {**persistent_temp_caches(), **os.environ, "OMP_WAIT_POLICY": "PASSIVE", **env, "TMPDIR": scratch_dir}
+    environment = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **env}
+    scratch_dir, scratch_environment = scratch_tmpdir("bench", environment)
+    environment.update(scratch_environment)
     proc = subprocess.Popen(
         argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environment, start_new_session=True
     )

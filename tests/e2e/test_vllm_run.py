@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import pytest
 import yaml
 
 from agentgym.local.runner import vllm_python
-from agentgym.local.supervisor import persistent_temp_caches
+from agentgym.local.supervisor import scratch_tmpdir
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 AGENTGYM = [sys.executable, "-m", "agentgym.cli"]
@@ -68,13 +67,13 @@ def test_a_vllm_run_trains_rolls_weights_and_survives_a_killed_server(tmp_path: 
     spec_path.write_text(yaml.safe_dump(spec(3)))
     run_dir = tmp_path / "run"
     # The runner's own temporary directory (short: vLLM binds Unix sockets under its children's scratch folders).
-    runner_tmp = Path(tempfile.mkdtemp(prefix="agentgym-vllm-run-"))
+    runner_tmp, scratch_environment = scratch_tmpdir("vllm-run", os.environ)
     runner = subprocess.Popen(
         [*AGENTGYM, "run", str(spec_path), "--run-dir", str(run_dir), "--no-live", "--no-evaluate"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **persistent_temp_caches(), "TMPDIR": str(runner_tmp)},  # vLLM's kernels: the usual cache
+        env={**os.environ, **scratch_environment},
     )
     try:
         deadline = time.monotonic() + 900

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ from agentgym.inference.engine import Engine, SamplingParams
 from agentgym.inference.models import tiny_model_dir
 from agentgym.inference.vllm import CPU_ATTENTION_HEAD_SIZES, VLLMAdapter, cpu_attention_refusal
 from agentgym.local.runner import local_command, vllm_python
-from agentgym.local.supervisor import persistent_temp_caches
+from agentgym.local.supervisor import scratch_tmpdir
 from agentgym.messaging import free_port
 from agentgym.operator.manifests import Checkpoint
 from agentgym.operator.weights import Replica, VllmWeightRoller, sync_replicas
@@ -83,9 +82,9 @@ class VllmServer:
         self.argv = local_command(component.command)
         self.log_path = log_path
         # Its own TMPDIR, as the supervisor gives it: vLLM leaves ZMQ sockets and vllm_dist_* files there.
-        self.scratch_dir = tempfile.mkdtemp(prefix="agentgym-vllm-")
-        env = {**persistent_temp_caches(), **os.environ, **component.env, "OMP_WAIT_POLICY": "PASSIVE"}
-        env["TMPDIR"] = self.scratch_dir
+        env = {**os.environ, **component.env, "OMP_WAIT_POLICY": "PASSIVE"}
+        self.scratch_dir, scratch_environment = scratch_tmpdir("vllm", env)
+        env.update(scratch_environment)
         self.process = subprocess.Popen(
             self.argv, stdout=log_path.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True
         )

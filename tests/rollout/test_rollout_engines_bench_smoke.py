@@ -8,12 +8,11 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from agentgym.local.supervisor import persistent_temp_caches
+from agentgym.local.supervisor import scratch_tmpdir
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "rollout_engines_bench.py"
 
@@ -22,14 +21,14 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "rollout_engines_be
 def test_rollout_engines_bench_smoke() -> None:
     command = [sys.executable, str(BENCH), "--models", "builtin:tiny", "--engines", "hf,hf:bf16,hf:rev=HEAD"]
     command += ["--episodes", "4", "--turns", "2", "--repeats", "1", "--no-weight-updates"]
-    scratch = Path(tempfile.mkdtemp(prefix="agentgym-bench-smoke-"))
+    scratch, scratch_environment = scratch_tmpdir("bench-smoke", os.environ)
     try:
         result = subprocess.run(
             command,
             capture_output=True,
             text=True,
             timeout=400,
-            env={**os.environ, **persistent_temp_caches(), "TMPDIR": str(scratch)},
+            env={**os.environ, **scratch_environment},
         )
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
         assert list(scratch.iterdir()) == []  # each server's scratch folder went with it

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,9 +89,9 @@ class Supervisor:
     def _spawn(self, spec: ProcessSpec) -> tuple[subprocess.Popen[bytes], Path, Path]:
         log_path = self.log_dir / f"{spec.name}.log"
         handle = log_path.open("ab")
-        scratch_dir = Path(tempfile.mkdtemp(prefix=f"agentgym-{spec.name}-"))
-        environment = {**persistent_temp_caches(), **os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
-        environment["TMPDIR"] = str(scratch_dir)
+        environment = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
+        scratch_dir, scratch_environment = scratch_tmpdir(spec.name, environment)
+        environment.update(scratch_environment)
         prefer_sleeping_omp_threads(environment)  # the run's processes share the machine's cores
         # A new session: Ctrl-C in the terminal reaches the runner only, which stops children in order.
         # The parent-death signal makes children exit even if the runner itself is killed.
@@ -198,11 +198,19 @@ class Supervisor:
             self.reap(managed)
 
 
-def persistent_temp_caches() -> dict[str, str]:
-    """Caches that live in the temporary directory by default, kept where they are across a child's starts unless
-    set: torch inductor's compiled kernels (vLLM's CPU backend compiles a few outside its own cache; seconds a
-    start)."""
-    return {"TORCHINDUCTOR_CACHE_DIR": str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")}
+def scratch_tmpdir(name: str, environment: Mapping[str, str]) -> tuple[Path, dict[str, str]]:
+    """A new scratch folder for a child called `name` (`agentgym-<name>-*` in this process's temporary directory),
+    and the entries that make it the child's `TMPDIR` in its `environment`: for the supervisor's children, and for
+    servers that tests and benchmarks start alone. The caller removes the folder once the child has exited.
+
+    Caches that live in the temporary directory by default keep their place across the child's starts unless
+    `environment` sets them: torch inductor's compiled kernels (vLLM's CPU backend compiles a few outside its own
+    cache; seconds a start)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"agentgym-{name}-"))
+    entries = {"TMPDIR": str(folder)}
+    if "TORCHINDUCTOR_CACHE_DIR" not in environment:
+        entries["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")
+    return folder, entries
 
 
 def _die_with_parent() -> None:
