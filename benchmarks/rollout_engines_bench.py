@@ -7,6 +7,8 @@ the order rotating every repeat, so that the machine's noise falls on all of the
   - hf:    the platform's engine in float32, with the platform's launch line (`agentgym.plan.inference_server`);
            `hf:transformers` is it with transformers' forward pass (the engine before `decoder.LeanDecoder`),
            `hf:threads=N` with N torch threads instead of its default (the usable cores but one);
+           `hf:data-parallel=N` with N engine processes behind its front instead of its default (on CPU, one per
+           usable core: `agentgym.inference.data_parallel`; N=1 is one engine with its helper thread);
            `hf:bf16` with `dtype: bfloat16` (bf16 matmuls where the CPU has bf16 units, else float32);
            `hf:rev=REV` the engine as committed at git revision REV (`git archive` into a scratch folder, put
            first on the server's PYTHONPATH): `hf:rev=fcc7e35` is the engine when the rollout-speed issue was
@@ -378,6 +380,8 @@ def engine_server(engine: str, run: TrainingRun, model: str, folder: Path, env_u
             env[LEAN_DECODER_VARIABLE] = "0"
         elif option.startswith("threads="):
             command += ["--threads", option.removeprefix("threads=")]
+        elif option.startswith("data-parallel="):
+            command += ["--data-parallel", option.removeprefix("data-parallel=")]
     with serve(command, env, f"{url}/health"):
         yield url
 
@@ -465,14 +469,14 @@ def main() -> None:
     args = parser.parse_args()
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
 
-    option = r"(transformers|bf16|threads=[1-9][0-9]*|rev=[0-9A-Za-z._/-]+)"
+    option = r"(transformers|bf16|threads=[1-9][0-9]*|data-parallel=[1-9][0-9]*|rev=[0-9A-Za-z._/-]+)"
     known = re.compile(rf"^(hf(:{option}(\+{option})*)?|vllm|llama(:bf16)?)$")
     unknown = [engine for engine in engines if not known.match(engine)]
     if args.baseline is not None and args.baseline not in engines:
         parser.error(f"--baseline: {args.baseline!r} is not one of --engines {engines}")
     if unknown or not engines:
-        choices = "hf, hf:transformers, hf:bf16, hf:threads=N, hf:rev=REV (options joined by +), vllm, llama"
-        choices += ", llama:bf16"
+        choices = "hf, hf:transformers, hf:bf16, hf:threads=N, hf:data-parallel=N, hf:rev=REV (options joined by +)"
+        choices += ", vllm, llama, llama:bf16"
         parser.error(f"--engines: unknown {unknown}; choose from {choices}")
     for engine in engines:
         for revision in re.findall(r"rev=([^+]+)", engine):

@@ -28,6 +28,7 @@ from pathlib import Path
 __all__ = [
     "CPUS_VARIABLE",
     "available_cpus",
+    "available_memory",
     "cgroup_cpu_quota",
     "configure_torch_threads",
     "cpu_has_bf16_units",
@@ -155,6 +156,21 @@ def inference_threads() -> int:
     ran at 250-530 tokens/s with 2 threads (faster with another process keeping a core busy than without) and at
     460-580 with 1 (`benchmarks/rollout_engines_bench.py`, `hf:threads=N`)."""
     return max(1, available_cpus() - 1)
+
+
+def available_memory(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes this process may still allocate: the kernel's MemAvailable, capped by what is left under the cgroup's
+    limit (cgroup v2 `memory.max` less `memory.current`, as a container sees its own cgroup); None where neither
+    is known."""
+    available = None
+    for line in (_read(meminfo) or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            available = int(line.split()[1]) * 1024
+    limit, used = _read(cgroup / "memory.max"), _read(cgroup / "memory.current")
+    if limit and limit.isdigit() and used and used.isdigit():
+        left = max(0, int(limit) - int(used))
+        available = left if available is None else min(available, left)
+    return available
 
 
 def trainer_threads() -> int:

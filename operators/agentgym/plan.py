@@ -250,6 +250,8 @@ def inference_server(
             "--log-level",
             placement.level("inference"),
         ]
+        if inference.data_parallel > 1:
+            command += ["--data-parallel", str(inference.data_parallel)]
         env = {}
     return Component("inference", "inference", tuple(command), env=env, port=port, health_path=HEALTH_PATH)
 

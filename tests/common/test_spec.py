@@ -137,6 +137,15 @@ def test_each_environment_has_its_own_horizons() -> None:
             "spec.algorithm.turnValidityNeedsSuccess: Input should be a valid boolean",
         ),
         ({"inference": {"engine": "hf", "tensorParallel": 2}}, "spec.inference: tensorParallel must be 1"),
+        (
+            {"inference": {"engine": "vllm", "gpusPerReplica": 0, "dataParallel": 2}},
+            "spec.inference: dataParallel > 1 is for the hf engine on CPU",
+        ),
+        (
+            {"inference": {"engine": "hf", "gpusPerReplica": 1, "dataParallel": 2}},
+            "spec.inference: dataParallel > 1 is for the hf engine on CPU",
+        ),
+        ({"inference": {"dataParallel": 0}}, "spec.inference.dataParallel: Input should be greater than or equal to 1"),
         ({"algoritm": {}}, "spec.algoritm: Extra inputs are not permitted"),
     ],
 )

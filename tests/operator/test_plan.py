@@ -171,3 +171,13 @@ def test_placement_is_all_that_differs(tmp_path: Path) -> None:
     for one, other in zip(plan_run(run, a), plan_run(run, b), strict=True):
         assert normalized(list(one.command)) == normalized(list(other.command))
         assert (one.name, one.kind, one.reads_spec) == (other.name, other.kind, other.reads_spec)
+
+
+def test_data_parallel_inference_is_one_server_with_engines_behind_it() -> None:
+    run = load_training_run(ROOT / "examples" / "quickstart.yaml")
+    placement = Placement(spec_path="/a", nats_url="n", inference_url="i", env_urls={"babyai": "u"})
+    [single] = [c for c in plan_run(run, placement) if c.name == "inference"]
+    assert "--data-parallel" not in single.command  # the default: one engine
+    run.spec.inference.data_parallel = 2
+    [served] = [c for c in plan_run(run, placement) if c.name == "inference"]
+    assert list(served.command[-2:]) == ["--data-parallel", "2"]

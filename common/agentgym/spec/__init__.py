@@ -296,6 +296,10 @@ class InferenceSpec(SpecModel):
     gpus_per_replica: int = Field(default=1, ge=0)
     gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
     max_batch_size: int = Field(default=64, ge=1)
+    data_parallel: int = Field(default=1, ge=1)
+    """The hf engine on CPU: engine processes behind each replica's one server (`agentgym inference serve
+    --data-parallel`), each with its share of the cores and of the requests. Faster where inference has the cores
+    to itself, slower beside a busy neighbour (services/inference/README.md, "Data parallelism on CPU")."""
 
     @model_validator(mode="after")
     def _engine_resources(self) -> InferenceSpec:
@@ -306,6 +310,8 @@ class InferenceSpec(SpecModel):
             )
         if self.engine == "hf" and self.tensor_parallel != 1:
             raise ValueError("tensorParallel must be 1 for the hf engine")
+        if self.data_parallel > 1 and (self.engine != "hf" or self.gpus_per_replica > 0):
+            raise ValueError("dataParallel > 1 is for the hf engine on CPU (gpusPerReplica: 0)")
         return self
 
 

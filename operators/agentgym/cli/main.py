@@ -670,34 +670,53 @@ def inference_serve(
         int | None,
         typer.Option(min=0, help="Prefix-cache budget, in tokens of KV kept (0 disables; default: 1 GiB worth)"),
     ] = None,
+    data_parallel: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            envvar="AGENTGYM_INFERENCE_DATA_PARALLEL",
+            help=(
+                "CPU engine processes behind this one server, each with its share of the cores and of the requests"
+                " (faster on cores of its own, slower beside a busy neighbour: services/inference/README.md)"
+            ),
+        ),
+    ] = 1,
     log_level: str = "info",
 ) -> None:
     """Serve a policy over the OpenAI-compatible completions API (docs at /docs)."""
     from agentgym.cpus import prefer_sleeping_omp_threads
 
     prefer_sleeping_omp_threads()  # before torch is imported
+    from agentgym.inference.data_parallel import data_parallel_refusal
+    from agentgym.inference.data_parallel import run as run_replicas
     from agentgym.inference.models import BUILTIN_MODELS
     from agentgym.inference.server import run
 
     known = model in BUILTIN_MODELS or (Path(model.removeprefix("file://")) / "config.json").is_file()
     if not known:
         raise _fail(f"{model!r} is not an HF model folder nor a builtin ({', '.join(BUILTIN_MODELS)})")
+    refusal = data_parallel_refusal(model, data_parallel, device, prefix_cache_tokens)
+    if refusal is not None:
+        raise _fail(refusal)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     err_console.print(f"serving [bold]{model}[/] on http://{host}:{port} (docs: /docs)")
-    run(
-        model,
-        host=host,
-        port=port,
-        max_batch_size=max_batch_size,
-        batch_window_ms=batch_window_ms,
-        max_model_len=max_model_len,
-        device=device,
-        dtype=dtype,
-        num_threads=threads,
-        policy_version=policy_version,
-        prefix_cache_tokens=prefix_cache_tokens,
-        log_level=log_level.lower(),
-    )
+    options: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "max_batch_size": max_batch_size,
+        "batch_window_ms": batch_window_ms,
+        "max_model_len": max_model_len,
+        "device": device,
+        "dtype": dtype,
+        "num_threads": threads,
+        "policy_version": policy_version,
+        "prefix_cache_tokens": prefix_cache_tokens,
+        "log_level": log_level.lower(),
+    }
+    if data_parallel > 1:
+        run_replicas(model, data_parallel, **options)
+    else:
+        run(model, **options)
 
 
 @app.command("train")

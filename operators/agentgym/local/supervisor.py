@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import getpass
 import json
 import logging
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from agentgym.children import die_with_parent
 from agentgym.cpus import prefer_sleeping_omp_threads
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class Supervisor:
             stderr=subprocess.STDOUT,
             env=environment,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         handle.close()
         return process, log_path, scratch_dir
@@ -211,18 +211,6 @@ def scratch_tmpdir(name: str, environment: Mapping[str, str]) -> tuple[Path, dic
     if "TORCHINDUCTOR_CACHE_DIR" not in environment:
         entries["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")
     return folder, entries
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to send SIGTERM when the parent dies (no-op elsewhere)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
-
-
-PR_SET_PDEATHSIG = 1
 
 
 def tail(path: Path, lines: int = 20) -> str:

@@ -33,7 +33,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse
 from opentelemetry import propagate, trace
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentgym.cpus import configure_torch_threads, inference_threads
@@ -193,7 +193,8 @@ _INVALID_400 = {
 }
 
 
-def _validation_message(error: RequestValidationError) -> str:
+def validation_message(error: RequestValidationError | ValidationError) -> str:
+    """A 400's message naming each invalid field (a request's body, or a model validated by hand)."""
     parts = []
     for item in error.errors():
         location = ".".join(safe_text(p, 100) for p in item.get("loc", ()) if p != "body")
@@ -338,7 +339,7 @@ def create_app(engine: Engine, *, manage_engine: bool = False) -> FastAPI:
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         if request.url.path == "/v1/completions":
             metrics.requests.labels("invalid").inc()
-        return error_response(400, _validation_message(error))
+        return error_response(400, validation_message(error))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, error: StarletteHTTPException) -> JSONResponse:
