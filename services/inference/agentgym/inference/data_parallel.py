@@ -54,7 +54,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import uvicorn
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -76,7 +75,7 @@ from agentgym.inference.server import (
 from agentgym.inference.weights import pick_device
 from agentgym.input_bounds import BodySizeLimit
 from agentgym.messaging import free_port
-from agentgym.serving import UvicornWithoutSignals
+from agentgym.serving import serve_until_signalled
 
 log = logging.getLogger(__name__)
 
@@ -578,13 +577,7 @@ async def serve_replicas(
         models = await replica_set.call(replica_set.replicas[0], "GET", "/v1/models")
         max_model_len = int(json.loads(models.content)["data"][0]["max_model_len"])
         app = create_front(replica_set, max_model_len)
-        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
-        server = UvicornWithoutSignals(config)
-        running = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):  # not in the main thread
-                running.add_signal_handler(signum, lambda: setattr(server, "should_exit", True))
-        await server.serve()
+        await serve_until_signalled(app, host, port, log_level)
     finally:
         await replica_set.stop()
 

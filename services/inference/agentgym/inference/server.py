@@ -19,14 +19,12 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -50,7 +48,7 @@ from agentgym.inference.engine import (
 )
 from agentgym.inference.weights import pick_device
 from agentgym.input_bounds import BodySizeLimit, safe_text, valid_unicode
-from agentgym.serving import UvicornWithoutSignals
+from agentgym.serving import serve_until_signalled
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("agentgym.inference")
@@ -515,12 +513,7 @@ async def serve(
     )
     try:
         app = create_app(engine)
-        server = UvicornWithoutSignals(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False))
-        running = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):  # not in the main thread
-                running.add_signal_handler(signum, lambda: setattr(server, "should_exit", True))
-        await server.serve()
+        await serve_until_signalled(app, host, port, log_level)
     finally:
         await asyncio.to_thread(engine.close)
 

@@ -5,16 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from typing import Any
-
-import uvicorn
 
 from agentgym.envs import environment_class
 from agentgym.envs.server.grpc_api import create_grpc_server
 from agentgym.envs.server.http_api import create_app
 from agentgym.envs.server.manager import EpisodeManager, ManagerConfig
-from agentgym.serving import UvicornWithoutSignals
+from agentgym.serving import serve_until_signalled
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +58,7 @@ async def serve(
             await grpc_server.start()
             log.info("gRPC on %s:%d", host, bound)
         app = create_app(manager, manage_lifecycle=False)
-        server = UvicornWithoutSignals(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False))
-        running = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):  # not in the main thread
-                running.add_signal_handler(signum, lambda: setattr(server, "should_exit", True))
-        await server.serve()
+        await serve_until_signalled(app, host, port, log_level)
     finally:
         if grpc_server is not None:
             await grpc_server.stop(grace=2)
