@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import aiohttp
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -34,6 +35,8 @@ from agentgym.inference.data_parallel import (
 )
 from agentgym.inference.engine import DEFAULT_PREFIX_CACHE_BYTES, Engine, SamplingParams
 from agentgym.messaging import free_port
+from agentgym.operator.manifests import Checkpoint
+from agentgym.operator.weights import Replica, roller_for, sync_replicas
 
 BLOCK = ROUTING_BLOCK
 
@@ -243,8 +246,13 @@ async def test_data_parallel_serve_routes_loads_and_survives_a_replica(
         assert served["0"] > 3 and served["1"] >= 1 and sum(served.values()) == 11
 
         # Weights: every replica or none; the front checks the body as one server does.
-        loaded = await client.post("/v1/load_weights", json={"uri": str(other_tiny_dir), "version": 2})
-        assert loaded.status_code == 200 and loaded.json()["policy_version"] == 2
+        async with aiohttp.ClientSession() as session:  # the weight roll of `agentgym run` and of the operator
+            rolled = await sync_replicas(
+                roller_for("hf", session, timeout=120),
+                [Replica("inference", front.url, 0)],
+                Checkpoint(2, str(other_tiny_dir)),
+            )
+        assert rolled.served == 2 and rolled.reloaded == ["inference"] and not rolled.failed
         assert [r["policy_version"] for r in replicas_state(front.url)] == [2, 2]
         missing = await client.post("/v1/load_weights", json={"uri": "/nonexistent", "version": 3})
         assert missing.status_code == 400 and "still serving policy version 2" in missing.json()["error"]["message"]
