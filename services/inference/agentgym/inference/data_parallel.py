@@ -6,11 +6,11 @@ turn's prompts) runs on the engine's thread while the helper waits, and both tak
 Python's interpreter lock. On the quickstart's rollout step (py-spy) the engine's thread was busy 96 % of the time
 and the helper 33 %. Two engine processes of one thread each, each decoding its share of the episodes, keep both
 cores busy with no lock between them, as vLLM and SGLang run data-parallel engines behind one API server. On the
-2-core AVX512-BF16 EPYC (`benchmarks/rollout_engines_bench.py`, `hf:bf16+data-parallel=N`, interleaved): SmolLM2's
-rollout step 1.40x one engine with its helper, the tiny model's 1.04x (its steps are short: the front's hop and the
-routing's imbalance weigh more). But beside a process keeping one core busy, three compute threads share two cores
-and each replica's episodes wait for its slices: 0.79x and 0.85x one engine with its helper, which holds 77-82 % of
-its speed there against data parallelism's 46-63 %. So one engine stays the default (the quickstart's engine
+2-core AVX512-BF16 EPYC (`benchmarks/rollout_engines_bench.py`, `hf:bf16+data-parallel=N`, interleaved, two runs):
+SmolLM2's rollout step 1.14-1.40x one engine with its helper, the tiny model's 1.04-1.18x (its steps are short: the
+front's hop and the prefill of conversations moved between replicas weigh more). But beside a process keeping one
+core busy, three compute threads share two cores and each replica's episodes wait for its slices: 0.79-0.90x and
+0.84-0.85x one engine with its helper, which holds 77-82 % of its speed there against data parallelism's 46-63 %. So one engine stays the default (the quickstart's engine
 shares the cores with its trainer), and `--data-parallel N` (the spec's `inference.dataParallel`) is for inference
 with cores of its own.
 
