@@ -10,9 +10,9 @@ cores busy with no lock between them, as vLLM and SGLang run data-parallel engin
 SmolLM2's rollout step 1.14-1.40x one engine with its helper, the tiny model's 1.04-1.18x (its steps are short: the
 front's hop and the prefill of conversations moved between replicas weigh more). But beside a process keeping one
 core busy, three compute threads share two cores and each replica's episodes wait for its slices: 0.79-0.90x and
-0.84-0.85x one engine with its helper, which holds 77-82 % of its speed there against data parallelism's 46-63 %. So one engine stays the default (the quickstart's engine
-shares the cores with its trainer), and `--data-parallel N` (the spec's `inference.dataParallel`) is for inference
-with cores of its own.
+0.84-0.85x one engine with its helper, which holds 77-82 % of its speed there against data parallelism's 46-63 %.
+So one engine stays the default (the quickstart's engine shares the cores with its trainer), and `--data-parallel
+N` (the spec's `inference.dataParallel`) is for inference with cores of its own.
 
 `agentgym inference serve --data-parallel N` starts N replicas, each an `agentgym inference serve` of its own on a
 local port with `AGENTGYM_CPUS` set to its share of the cores (its threads and helper sized to that share), and
