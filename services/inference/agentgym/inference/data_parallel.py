@@ -64,6 +64,7 @@ from agentgym.children import die_with_parent
 from agentgym.cpus import CPUS_VARIABLE, available_cpus, available_memory
 from agentgym.inference.client import POLICY_VERSION_HEADER
 from agentgym.inference.engine import DEFAULT_PREFIX_CACHE_BYTES
+from agentgym.inference.prefix_cache import BLOCK_SIZE
 from agentgym.inference.server import (
     BODY_BYTES_PER_CONTEXT_TOKEN,
     MIN_BODY_BYTES,
@@ -93,8 +94,8 @@ __all__ = [
     "serve_replicas",
 ]
 
-ROUTING_BLOCK = 16
-"""Tokens per block of a prompt's prefix as the router remembers it (the engine's prefix cache's block size)."""
+ROUTING_BLOCK = BLOCK_SIZE
+"""Tokens per block of a prompt's prefix as the router remembers it: the engine's prefix cache's block size."""
 
 AFFINITY_SLACK = 16
 """A prompt goes to the replica holding its longest prefix unless that replica has this many more sequences in
