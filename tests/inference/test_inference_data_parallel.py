@@ -111,6 +111,9 @@ def test_data_parallel_is_refused_on_gpus_and_beyond_the_memory(
 ) -> None:
     assert data_parallel_refusal(str(tiny_dir), 1, "cuda", None) is None
     assert "CPU engines" in str(data_parallel_refusal(str(tiny_dir), 2, "cuda", None))
+    monkeypatch.setenv(CPUS_VARIABLE, "2")
+    assert "a core of its own, and this process may use 2" in str(data_parallel_refusal(str(tiny_dir), 3, "cpu", 0))
+    monkeypatch.setenv(CPUS_VARIABLE, "4")
     one = replica_bytes(str(tiny_dir), None)
     weights = sum(path.stat().st_size for path in tiny_dir.glob("*.safetensors"))
     assert one == 2 * weights + DEFAULT_PREFIX_CACHE_BYTES

@@ -605,11 +605,15 @@ def run(model: str, replicas: int, **options: Any) -> None:
 
 def data_parallel_refusal(model: str, replicas: int, device: str | None, prefix_cache_tokens: int | None) -> str | None:
     """Why `replicas` data-parallel engines of `model` cannot serve here, or None: they are CPU engines (one GPU
-    runs one engine; several GPUs run several replicas), and together they must fit in the memory available."""
+    runs one engine; several GPUs run several replicas), each with a core of its own (`agentgym.cpus.available_cpus`:
+    affinity and cgroup quota), and together they must fit in the memory available."""
     if replicas <= 1:
         return None
     if pick_device(device).type != "cpu":
         return f"--data-parallel {replicas}: data parallelism is for CPU engines; on GPUs run one replica per GPU"
+    cores = available_cpus()
+    if replicas > cores:
+        return f"--data-parallel {replicas}: each engine needs a core of its own, and this process may use {cores}"
     needed = replicas * replica_bytes(model, prefix_cache_tokens)
     available = available_memory()
     if available is not None and needed > available:
