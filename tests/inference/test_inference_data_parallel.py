@@ -5,6 +5,7 @@ killed under load, the front stopped and killed)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -28,6 +29,7 @@ from agentgym.inference.data_parallel import (
     ROUTING_BLOCK,
     PrefixRouter,
     _routing_ids,
+    _served_ids,
     data_parallel_refusal,
     merge_metrics,
     prefix_blocks,
@@ -48,6 +50,7 @@ def tokens(start: int, count: int) -> list[int]:
 
 def test_prefix_blocks_name_each_whole_block_prefix() -> None:
     first, second = tokens(0, BLOCK), tokens(100, BLOCK)
+    assert prefix_blocks(first + second + first, known=prefix_blocks(first)) == prefix_blocks(first + second + first)
     assert prefix_blocks(first[:-1]) == []  # no whole block
     assert prefix_blocks(first + second + [7]) == prefix_blocks(first + second)  # a partial block is not named
     [one] = prefix_blocks(first)
@@ -59,44 +62,69 @@ def test_router_prefers_the_longest_served_prefix_within_the_slack() -> None:
     router = PrefixRouter(3, slack=4)
     ready = [True, True, True]
     first, second, other = tokens(0, BLOCK), tokens(100, BLOCK), tokens(500, BLOCK)
-    assert router.choose(first + second, ready, [2, 1, 1]) == 1  # nothing served yet: least loaded, lowest index
-    router.record(first + second, 0)
-    router.record(first + other, 2)  # the first block's replica is now 2 (it served it last), the second's still 0
-    assert router.choose(first + second + [1, 2], ready, [3, 0, 0]) == 0  # the longest prefix: 3 < 0 + 4
-    assert router.choose(first + other, ready, [0, 0, 3]) == 2
-    assert router.choose(first + tokens(900, BLOCK), ready, [0, 1, 1]) == 2  # only the first block matches
-    assert router.choose(first + second, ready, [4, 0, 0]) == 1  # 4 more than the least loaded: balanced instead
-    assert router.choose(tokens(0, BLOCK - 1), ready, [1, 0, 0]) == 1  # shorter than a block: by load
-    assert router.choose(None, ready, [0, 1, 0]) == 0  # a text prompt: by load
+    # nothing served yet: least loaded, lowest index
+    assert router.choose(prefix_blocks(first + second), ready, [2, 1, 1]) == 1
+    router.record(prefix_blocks(first + second), 0)
+    # the first block's replica is now 2 (it served it last), the second's still 0
+    router.record(prefix_blocks(first + other), 2)
+    assert router.choose(prefix_blocks(first + second + [1, 2]), ready, [3, 0, 0]) == 0  # the longest prefix: 3 < 0 + 4
+    assert router.choose(prefix_blocks(first + other), ready, [0, 0, 3]) == 2
+    # only the first block matches
+    assert router.choose(prefix_blocks(first + tokens(900, BLOCK)), ready, [0, 1, 1]) == 2
+    # 4 more than the least loaded: balanced instead
+    assert router.choose(prefix_blocks(first + second), ready, [4, 0, 0]) == 1
+    assert router.choose(prefix_blocks(tokens(0, BLOCK - 1)), ready, [1, 0, 0]) == 1  # shorter than a block: by load
+    assert router.choose([], ready, [0, 1, 0]) == 0  # a text prompt (no blocks): by load
 
 
 def test_router_skips_replicas_that_are_not_ready_and_forgets_restarted_ones() -> None:
     router = PrefixRouter(2, slack=AFFINITY_SLACK)
     prompt = tokens(0, 3 * BLOCK)
-    router.record(prompt, 1)
-    assert router.choose(prompt, [True, False], [5, 0]) == 0
-    assert router.choose(prompt, [False, False], [0, 0]) is None
-    assert router.choose(prompt, [True, True], [1, 2]) == 1
+    router.record(prefix_blocks(prompt), 1)
+    assert router.choose(prefix_blocks(prompt), [True, False], [5, 0]) == 0
+    assert router.choose(prefix_blocks(prompt), [False, False], [0, 0]) is None
+    assert router.choose(prefix_blocks(prompt), [True, True], [1, 2]) == 1
     router.forget(1)  # restarted: its prefix cache is empty
-    assert router.choose(prompt, [True, True], [1, 2]) == 0
+    assert router.choose(prefix_blocks(prompt), [True, True], [1, 2]) == 0
 
 
 def test_router_forgets_the_least_recently_served_blocks_beyond_its_capacity() -> None:
     router = PrefixRouter(2, capacity=2)
     old, new = tokens(0, 2 * BLOCK), tokens(1000, 2 * BLOCK)
-    router.record(old, 1)
-    router.record(new, 1)  # 4 blocks recorded, the 2 of `old` forgotten
-    assert router.choose(old, [True, True], [0, 0]) == 0
-    assert router.choose(new, [True, True], [0, 0]) == 1
+    router.record(prefix_blocks(old), 1)
+    router.record(prefix_blocks(new), 1)  # 4 blocks recorded, the 2 of `old` forgotten
+    assert router.choose(prefix_blocks(old), [True, True], [0, 0]) == 0
+    assert router.choose(prefix_blocks(new), [True, True], [0, 0]) == 1
 
 
 def test_routing_ids_of_each_prompt_shape() -> None:
-    assert _routing_ids({"prompt": [5, 6], "n": 3}) == ([5, 6], 3, [[5, 6]])
-    assert _routing_ids({"prompt": [[5], [6, 7]]}) == ([5], 2, [[5], [6, 7]])
-    assert _routing_ids({"prompt": ["a", "b"], "n": 2}) == (None, 4, [])
-    assert _routing_ids({"prompt": "text"}) == (None, 1, [])
-    assert _routing_ids({"prompt": [5], "n": "many"}) == ([5], 1, [[5]])  # the replica answers the 400
-    assert _routing_ids(["not", "an", "object"]) == (None, 1, [])
+    assert _routing_ids({"prompt": [5, 6], "n": 3}) == ([[5, 6]], 3)
+    assert _routing_ids({"prompt": [[5], [6, 7]]}) == ([[5], [6, 7]], 2)
+    assert _routing_ids({"prompt": [[5], "text"]}) == ([], 2)  # not all token ids: by load
+    assert _routing_ids({"prompt": ["a", "b"], "n": 2}) == ([], 4)
+    assert _routing_ids({"prompt": "text"}) == ([], 1)
+    assert _routing_ids({"prompt": [5], "n": "many"}) == ([[5]], 1)  # the replica answers the 400
+    assert _routing_ids(["not", "an", "object"]) == ([], 1)
+
+
+def test_served_ids_continue_each_prompts_blocks() -> None:
+    prompts = [tokens(0, BLOCK + 5), tokens(300, 2 * BLOCK)]
+    blocks = [prefix_blocks(prompt) for prompt in prompts]
+    sampled = [tokens(700, 20), tokens(800, 3), tokens(900, BLOCK)]
+    choices = [  # n = 2 for the first prompt's two choices ... as the server numbers them: index // n is the prompt
+        {"index": 0, "prompt_token_ids": prompts[0], "token_ids": sampled[0]},
+        {"index": 1, "prompt_token_ids": prompts[0], "token_ids": sampled[1]},
+        {"index": 2, "prompt_token_ids": prompts[1], "token_ids": sampled[2]},
+        {"index": 3, "prompt_token_ids": prompts[1], "token_ids": None},  # no ids returned: nothing recorded
+    ]
+    served = _served_ids(json.dumps({"choices": choices}).encode(), blocks)
+    assert served == [
+        prefix_blocks(prompts[0] + sampled[0]),
+        prefix_blocks(prompts[0] + sampled[1]),
+        prefix_blocks(prompts[1] + sampled[2]),
+    ]
+    assert len(served[0]) == 2 and len(served[1]) == 1 and len(served[2]) == 3
+    assert _served_ids(b"not json", blocks) == []
 
 
 def test_replica_arguments_repeat_the_given_options() -> None:

@@ -113,11 +113,12 @@ RESTART_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0)
 last repeats)."""
 
 
-def prefix_blocks(token_ids: Sequence[int], block: int = ROUTING_BLOCK) -> list[int]:
-    """Chained hashes of the full `block`-token blocks of `token_ids`: the i-th names the prefix of (i+1) blocks."""
-    hashes: list[int] = []
-    previous = 0
-    for start in range(0, len(token_ids) - block + 1, block):
+def prefix_blocks(token_ids: Sequence[int], known: Sequence[int] = (), block: int = ROUTING_BLOCK) -> list[int]:
+    """Chained hashes of the full `block`-token blocks of `token_ids`: the i-th names the prefix of (i+1) blocks.
+    `known`: the hashes of a prefix of `token_ids` already computed (a completion's prompt's), continued from."""
+    hashes = list(known)
+    previous = hashes[-1] if hashes else 0
+    for start in range(len(hashes) * block, len(token_ids) - block + 1, block):
         previous = hash((previous, tuple(token_ids[start : start + block])))
         hashes.append(previous)
     return hashes
@@ -134,14 +135,15 @@ class PrefixRouter:
         self.capacity = capacity
         self._owner: OrderedDict[int, int] = OrderedDict()  # prefix block hash -> replica that last served it
 
-    def choose(self, token_ids: Sequence[int] | None, ready: Sequence[bool], in_flight: Sequence[int]) -> int | None:
-        """A ready replica for `token_ids` (None: a text prompt, routed by load), or None when none is ready."""
+    def choose(self, blocks: Sequence[int], ready: Sequence[bool], in_flight: Sequence[int]) -> int | None:
+        """A ready replica for a prompt of these `prefix_blocks` (none: a text prompt or a short one, routed by
+        load), or None when none is ready."""
         candidates = [index for index in range(self.replicas) if ready[index]]
         if not candidates:
             return None
         least = min(candidates, key=lambda index: (in_flight[index], index))
         owner = None
-        for block in prefix_blocks(token_ids) if token_ids else ():
+        for block in blocks:
             holder = self._owner.get(block)
             if holder is None:
                 break
@@ -150,9 +152,9 @@ class PrefixRouter:
             return owner
         return least
 
-    def record(self, token_ids: Sequence[int], replica: int) -> None:
-        """`replica` now holds `token_ids`'s prefix blocks (it served them)."""
-        for block in prefix_blocks(token_ids):
+    def record(self, blocks: Sequence[int], replica: int) -> None:
+        """`replica` now holds the prefix of these `prefix_blocks` (it served them)."""
+        for block in blocks:
             self._owner[block] = replica
             self._owner.move_to_end(block)
         while len(self._owner) > self.capacity:
@@ -361,32 +363,41 @@ def _error_answer(status: int, message: str) -> Answer:
     return Answer(status, json.dumps(error_payload(status, message)).encode(), {"content-type": "application/json"})
 
 
-def _routing_ids(body: Any) -> tuple[list[int] | None, int, list[list[int]]]:
-    """The token ids a completion request is routed by (its first prompt's; None for text), its sequences (prompts
-    x n, for the load count), and every token-id prompt (recorded once served). Malformed bodies route by load:
-    the replica answers them 400."""
+def _routing_ids(body: Any) -> tuple[list[list[int]], int]:
+    """A completion request's token-id prompts (none for text or malformed prompts: those are routed by load, and
+    the replica answers the malformed ones 400) and its sequences (prompts x n, for the load count)."""
     if not isinstance(body, dict):
-        return None, 1, []
+        return [], 1
     prompt = body.get("prompt")
     n = body.get("n", 1)
     samples = n if isinstance(n, int) and 0 < n <= 1024 else 1
     if isinstance(prompt, list) and prompt and all(isinstance(token, int) for token in prompt):
-        return prompt, samples, [prompt]
-    if isinstance(prompt, list) and prompt and all(isinstance(item, list) for item in prompt):
-        prompts = [item for item in prompt if all(isinstance(token, int) for token in item)]
-        return (prompts[0] if prompts else None), samples * len(prompt), prompts
-    return None, samples * (len(prompt) if isinstance(prompt, list) and prompt else 1), []
+        return [prompt], samples
+    if not isinstance(prompt, list) or not prompt:
+        return [], samples
+    if all(isinstance(item, list) and all(isinstance(token, int) for token in item) for item in prompt):
+        return prompt, samples * len(prompt)
+    return [], samples * len(prompt)
 
 
-def _served_ids(content: bytes) -> list[list[int]]:
-    """Each choice's prompt and sampled ids, where the response has them (`return_token_ids`)."""
+def _served_ids(content: bytes, prompt_blocks: Sequence[list[int]]) -> list[list[int]]:
+    """Each choice's `prefix_blocks` over its prompt and sampled ids, where the response has them
+    (`return_token_ids`), continued from its prompt's (`prompt_blocks`, in the request's order: a choice's prompt is
+    its index // n, the servers' convention)."""
     try:
         choices = json.loads(content).get("choices", [])
-        return [
-            [*choice["prompt_token_ids"], *choice["token_ids"]]
-            for choice in choices
-            if isinstance(choice.get("prompt_token_ids"), list) and isinstance(choice.get("token_ids"), list)
-        ]
+        per_prompt = max(1, len(choices) // max(1, len(prompt_blocks)))
+        served = []
+        for choice in choices:
+            prompt, sampled = choice.get("prompt_token_ids"), choice.get("token_ids")
+            if not isinstance(prompt, list) or not isinstance(sampled, list):
+                continue
+            position = int(choice.get("index", 0)) // per_prompt
+            known = prompt_blocks[position] if position < len(prompt_blocks) else []
+            served.append(
+                prefix_blocks([*prompt, *sampled], known if len(known) * ROUTING_BLOCK <= len(prompt) else ())
+            )
+        return served
     except (ValueError, AttributeError, TypeError, KeyError):
         return []
 
@@ -400,19 +411,21 @@ def create_front(replicas: ReplicaSet, max_model_len: int) -> Starlette:
             body = json.loads(raw)
         except ValueError:
             body = None
-        routing, sequences, prompts = _routing_ids(body)
+        prompts, sequences = _routing_ids(body)
+        prompt_blocks = [prefix_blocks(prompt) for prompt in prompts]  # once: routed, recorded, continued when served
         headers = {name: value for name, value in request.headers.items() if name.lower() in _FORWARDED_HEADERS}
         tried: set[int] = set()
         while True:  # a replica that fails under a request (it died) hands it to another: sampling is repeatable
             ready = [replica.ready and replica.index not in tried for replica in replicas.replicas]
-            index = replicas.router.choose(routing, ready, [replica.in_flight for replica in replicas.replicas])
+            first = prompt_blocks[0] if prompt_blocks else []
+            index = replicas.router.choose(first, ready, [replica.in_flight for replica in replicas.replicas])
             if index is None:
                 return error_response(503, "no inference replica is ready; retry")
             tried.add(index)
             replica = replicas.replicas[index]
             replica.in_flight += sequences
-            for prompt in prompts:  # the next prompt with this prefix follows it here, even before this one is done
-                replicas.router.record(prompt, index)
+            for blocks in prompt_blocks:  # the next prompt with this prefix follows it here, even before it is done
+                replicas.router.record(blocks, index)
             try:
                 answer = await replicas.call(replica, "POST", "/v1/completions", data=raw, headers=headers)
             except (aiohttp.ClientError, TimeoutError) as error:
@@ -421,7 +434,7 @@ def create_front(replicas: ReplicaSet, max_model_len: int) -> Starlette:
             finally:
                 replica.in_flight -= sequences
             if answer.status == 200:
-                for served in _served_ids(answer.content):
+                for served in _served_ids(answer.content, prompt_blocks):
                     replicas.router.record(served, index)
             return answer.response()
 
