@@ -288,6 +288,11 @@ async def test_data_parallel_serve_routes_loads_and_survives_a_replica(
         invalid = await client.post("/v1/load_weights", json={"uri": "", "version": 4})
         assert invalid.status_code == 400 and "uri" in invalid.json()["error"]["message"]
         assert [r["policy_version"] for r in replicas_state(front.url)] == [2, 2]
+        async with (  # the front's cap, answered before the body is read (aiohttp reads the answer regardless)
+            aiohttp.ClientSession() as session,
+            session.post(f"{front.url}/v1/completions", data=b"[" + b"1," * (3 << 20) + b"1]") as huge,
+        ):
+            assert huge.status == 413 and (await huge.json())["error"]["code"] == 413
         bad = await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 0})
         assert bad.status_code == 400 and "max_tokens" in bad.json()["error"]["message"]  # the replica's answer
 

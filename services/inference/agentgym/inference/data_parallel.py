@@ -66,15 +66,13 @@ from agentgym.inference.client import POLICY_VERSION_HEADER
 from agentgym.inference.engine import DEFAULT_PREFIX_CACHE_BYTES
 from agentgym.inference.prefix_cache import BLOCK_SIZE
 from agentgym.inference.server import (
-    BODY_BYTES_PER_CONTEXT_TOKEN,
-    MIN_BODY_BYTES,
     LoadWeightsRequest,
     error_payload,
     error_response,
+    limit_body_size,
     validation_message,
 )
 from agentgym.inference.weights import pick_device
-from agentgym.input_bounds import BodySizeLimit
 from agentgym.messaging import free_port
 from agentgym.serving import serve_until_signalled
 
@@ -505,11 +503,7 @@ def create_front(replicas: ReplicaSet, max_model_len: int) -> Starlette:
         Route("/{path:path}", passthrough, methods=["GET"]),
     ]
     app = Starlette(routes=routes)
-    app.add_middleware(
-        BodySizeLimit,
-        max_bytes=max(MIN_BODY_BYTES, BODY_BYTES_PER_CONTEXT_TOKEN * max_model_len),
-        payload=lambda message: error_payload(413, message),
-    )
+    limit_body_size(app, max_model_len)
     return app
 
 

@@ -66,6 +66,16 @@ BODY_BYTES_PER_CONTEXT_TOKEN = 256
 MIN_BODY_BYTES = 1 << 20
 
 
+def limit_body_size(app: Any, max_model_len: int) -> None:
+    """Answer 413 to request bodies over the cap for this context (see above), before they are read: the server's
+    and the data-parallel front's one rule."""
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=max(MIN_BODY_BYTES, BODY_BYTES_PER_CONTEXT_TOKEN * max_model_len),
+        payload=lambda message: error_payload(413, message),
+    )
+
+
 class CompletionRequest(BaseModel):
     """vLLM's /v1/completions request, restricted to what this engine implements."""
 
@@ -310,11 +320,7 @@ def create_app(engine: Engine, *, manage_engine: bool = False) -> FastAPI:
     app.state.engine = engine
     metrics = engine.metrics
     token_text = _TokenText(engine.tokenizer)
-    app.add_middleware(
-        BodySizeLimit,
-        max_bytes=max(MIN_BODY_BYTES, BODY_BYTES_PER_CONTEXT_TOKEN * engine.max_model_len),
-        payload=lambda message: error_payload(413, message),
-    )
+    limit_body_size(app, engine.max_model_len)
 
     def openapi() -> dict[str, Any]:
         # Validation errors are answered 400 (as vLLM and OpenAI do): say so instead of FastAPI's 422.
