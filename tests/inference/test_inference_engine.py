@@ -17,6 +17,7 @@ from agentgym.inference.engine import (
     FINISH_STOP,
     Engine,
     EngineClosedError,
+    EngineError,
     InvalidRequestError,
     SamplingParams,
     StaleVersionError,
@@ -398,6 +399,27 @@ async def test_closing_fails_pending_requests_and_refuses_new_ones(fresh_engine:
     await asyncio.to_thread(engine.close)
     with pytest.raises(EngineClosedError):
         await running
+    with pytest.raises(EngineClosedError):
+        await engine.generate([1, 2, 3], SamplingParams(max_tokens=2))
+
+
+@pytest.mark.parametrize("crash_in", ["prefill", "decode"])
+async def test_a_crashed_worker_fails_the_requests_it_held_instead_of_leaving_them_waiting(
+    fresh_engine: Engine, monkeypatch: pytest.MonkeyPatch, crash_in: str
+) -> None:
+    """A bug in a forward pass ends the engine, and every request it held gets the error: a request being
+    prefilled is neither queued nor in the running batch, and used to wait forever."""
+    engine = fresh_engine
+    forward = engine._forward
+
+    def failing(input_ids: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        if (input_ids.shape[1] == 1) == (crash_in == "decode"):
+            raise RuntimeError("a bug")
+        return forward(input_ids, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine, "_forward", failing)
+    with pytest.raises(EngineError, match="crashed: RuntimeError: a bug"):
+        await asyncio.wait_for(engine.generate(list(range(100, 120)), SamplingParams(max_tokens=4)), 30)
     with pytest.raises(EngineClosedError):
         await engine.generate([1, 2, 3], SamplingParams(max_tokens=2))
 

@@ -269,6 +269,8 @@ class Engine:
         self._swap: _Swap | None = None
         self._closing = False
         self._batch: _Batch | None = None
+        self._admitting: list[_Request] = []
+        """Requests taken from the queue and being prefilled: in neither the queue nor the batch until merged."""
         self._load_lock = asyncio.Lock()
         self._thread = threading.Thread(target=self._run, name="agentgym-inference-engine", daemon=True)
         self._thread.start()
@@ -401,7 +403,9 @@ class Engine:
                 if self._swap is None:
                     admitted = self._take_admissible()
             if admitted:
+                self._admitting = admitted
                 self._admit(admitted)
+                self._admitting = []
             if self._batch is not None:
                 self._decode_step()
 
@@ -476,6 +480,8 @@ class Engine:
             if self._batch is not None:
                 requests.extend({id(s.request): s.request for s in self._batch.sequences}.values())
                 self._batch = None
+            requests.extend(self._admitting)  # a crash while prefilling them: they are in neither
+            self._admitting = []
             if self._swap is not None:
                 self._swap.done.set()
                 self._swap = None
