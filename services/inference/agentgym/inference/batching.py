@@ -15,8 +15,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from agentgym.inference.decoder import PrefixSegment, SharedPrefixes
 from agentgym.inference.kv import GrowingLayer, compaction, spare_columns
-from agentgym.inference.prefix_cache import CachedPrefix, block_keys, common_prefix
+from agentgym.inference.prefix_cache import BLOCK_SIZE, CachedPrefix, block_keys, common_prefix
 from agentgym.inference.sampling import SamplingParams, _sample_seed, choose_tokens
 
 FINISH_STOP = "stop"
@@ -65,6 +66,8 @@ class _Request:
     version: int = 0
     cached_tokens: int = 0
     """Prompt tokens whose KV came from the prefix cache."""
+    prompt_blocks: list[int] | None = None
+    """The chained keys of the prompt's full blocks (`prefix_cache.block_keys`), once needed."""
 
     def cancelled(self) -> bool:
         return self.future.done()
@@ -156,6 +159,9 @@ class _Batch:
     mask: torch.Tensor  # [rows, cache length], 1 on real tokens
     lengths: torch.Tensor  # [rows], real tokens in the cache (= the next position id)
     next_tokens: torch.Tensor  # [rows], sampled but not yet fed
+    shared: SharedPrefixes | None = None
+    """The prefixes its rows share, for decode steps (`shared_prefixes`), while `shared_current`."""
+    shared_current: bool = False
 
 
 def _select_rows(cache: Any, rows: torch.Tensor) -> None:
@@ -311,6 +317,87 @@ def keep_rows(batch: _Batch, keep: list[int]) -> None:
     batch.sequences = [batch.sequences[row] for row in order]
     batch.lengths = batch.lengths.index_select(0, index)
     batch.next_tokens = batch.next_tokens.index_select(0, index)
+    if batch.shared is not None:
+        batch.shared = batch.shared.kept(order, first_real)
+        batch.shared_current = batch.shared is not None
+
+
+MIN_SHARED_PREFIX = 4 * BLOCK_SIZE
+"""The shortest prefix a decode step reads once for the rows sharing it (`shared_prefixes`), in tokens."""
+
+SEGMENT_COST_COLUMNS = 512
+"""The fixed cost of reading shared prefixes apart (another attention product a layer, the merge), counted as this
+many key columns read (row x column): ~0.1 ms, the time to read ~500 of the tiny model's float32 key/value columns."""
+
+
+def shared_prefixes(sequences: list[_Sequence], mask: torch.Tensor) -> SharedPrefixes | None:
+    """How a decode batch reads the prompt prefixes its rows share once (`decoder.cascade_attention`), or None
+    when that would not read fewer key columns; `mask` `[rows, columns]` is the cache's (before the step's column).
+
+    A row's cached ids are its prompt and its sampled ids but the last; what rows share is looked for in their
+    prompts (their block keys kept on the request). Rows are grouped by a block-aligned
+    prefix (`BLOCK_SIZE` ids; `prefix_cache.block_keys`) they share with others: each row takes, of the prefixes
+    it shares, the one that saves the most reads per member ((members - 1) / members x length; so the 8 samples of
+    a task group by their whole common prompt, not by the instructions every task shares), then extended to their
+    longest common prefix. A group's segment is its first row's columns holding that prefix. Every row reads its
+    own columns from the smallest first column after a shared prefix on (`SharedPrefixes.window`); a row sharing
+    nothing whose tokens start before that reads its earlier columns as a segment of its own."""
+    rows = len(sequences)
+    if rows < 2:
+        return None
+    counts = mask.sum(1).tolist()
+    ids: list[list[int]] = []
+    chains: list[list[int]] = []
+    for seq, count in zip(sequences, counts, strict=True):
+        request = seq.request
+        if request.prompt_blocks is None:
+            request.prompt_blocks = block_keys(request.prompt_ids)
+        matches = len(request.prompt_ids) + len(seq.token_ids) - 1 == count  # its cache: prompt, sampled but last
+        ids.append(request.prompt_ids if matches else [])
+        chains.append(request.prompt_blocks if matches else [])
+    occurrences: dict[int, int] = {}
+    for chain in chains:
+        for key in chain:
+            occurrences[key] = occurrences.get(key, 0) + 1
+    members: dict[int, list[int]] = {}
+    depth_of: dict[int, int] = {}
+    for row, chain in enumerate(chains):
+        best, choice = 0.0, None
+        for depth, key in enumerate(chain, 1):
+            sharing = occurrences[key]
+            if sharing < 2:
+                break
+            saving = (sharing - 1) / sharing * depth
+            if saving > best:
+                best, choice = saving, key
+                depth_of[key] = depth
+        if choice is not None and depth_of[choice] * BLOCK_SIZE >= MIN_SHARED_PREFIX:
+            members.setdefault(choice, []).append(row)
+    groups = [(group, depth_of[key] * BLOCK_SIZE) for key, group in members.items() if len(group) >= 2]
+    if not groups:
+        return None
+    real = mask.bool()
+    before = real.cumsum(1)  # real tokens up to and including each column
+    first = (before < 1).sum(1)  # each row's first real column
+    own_start = first.clone()
+    for group, blocks in groups:
+        head = ids[group[0]]
+        length = min(common_prefix(head, ids[row], blocks, counts[row]) for row in group[1:])
+        # Each row reads itself from the column after its length-th token.
+        own_start[group] = (before[group] < length).sum(1) + 1
+    grouped = [row for group, _ in groups for row in group]
+    window = int(own_start[grouped].min())
+    segments = [PrefixSegment(group, group[0], int(first[group[0]]), int(own_start[group[0]])) for group, _ in groups]
+    in_group = set(grouped)
+    for row in range(rows):
+        if row not in in_group and int(first[row]) < window:  # its earlier columns: a segment of its own
+            segments.append(PrefixSegment([row], row, int(first[row]), window))
+            own_start[row] = window
+    columns = int(mask.shape[1]) + 1  # with the step's own
+    reads = rows * (columns - window) + sum(part.end - part.start for part in segments) + SEGMENT_COST_COLUMNS
+    if reads >= rows * columns:
+        return None
+    return SharedPrefixes(segments, own_start, window, mask)
 
 
 def sample_next(sequences: list[_Sequence], logits: torch.Tensor, backend_tokenizer: Any) -> torch.Tensor:

@@ -61,6 +61,10 @@ step (`benchmarks/rollout_engines_bench.py --contention`).
 Re-timing the head's layouts every 500 products, to follow such a neighbour, measured within that noise under
 contention and lost half the gain without it, so each row count is timed once.
 
+A decode step given the prefixes its rows share (`SharedPrefixes`, found by `batching.shared_prefixes`) reads each
+of them once for all the rows sharing it (`cascade_attention`): each row attends the prefix and its own columns
+apart and the two results are merged by their log-normalizers, the attention over the whole row up to rounding.
+
 Models of another shape (sliding windows, q/k norms, MoE, tensor-parallel splits) keep transformers' forward:
 `LeanDecoder.for_model` returns None for them. `tests/inference/test_decoder.py` checks the logits against
 transformers' on prefill, prefix hits and padded decode batches.
@@ -72,14 +76,17 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["ForwardHelper", "LeanDecoder", "head_logits", "shared_attention", "shared_linear", "shared_mlp"]
+
+_Result = TypeVar("_Result")
 
 _SUPPORTED = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
 
@@ -165,7 +172,7 @@ class ForwardHelper:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._generation = 0
-        self._job: tuple[Sequence[Callable[[], torch.Tensor]], list[torch.Tensor | None]] | None = None
+        self._job: tuple[Sequence[Callable[[], Any]], list[Any]] | None = None
         self._next = 0
         self._finished = 0
         self._error: BaseException | None = None
@@ -173,9 +180,9 @@ class ForwardHelper:
         self._thread = threading.Thread(target=self._serve, name="forward-helper", daemon=True)
         self._thread.start()
 
-    def run(self, parts: Sequence[Callable[[], torch.Tensor]]) -> list[torch.Tensor]:
+    def run(self, parts: Sequence[Callable[[], _Result]]) -> list[_Result]:
         """Each part's result, in order; a part's error is raised here (the helper then serves the next call)."""
-        results: list[torch.Tensor | None] = [None] * len(parts)
+        results: list[Any] = [None] * len(parts)
         with self._cond:
             self._generation += 1
             generation = self._generation
@@ -191,7 +198,7 @@ class ForwardHelper:
         finally:
             with self._cond:
                 self._job = None
-        return results  # type: ignore[return-value]  # every slot is filled once all are finished
+        return results  # every slot is filled once all are finished
 
     def product(self, x: torch.Tensor, chunks: list[torch.Tensor]) -> torch.Tensor:
         """`x W^T` for the head whose packed row slices are `chunks`: `[rows, vocab]`."""
@@ -210,9 +217,7 @@ class ForwardHelper:
             self._next += 1
             return self._next - 1
 
-    def _work(
-        self, generation: int, parts: Sequence[Callable[[], torch.Tensor]], results: list[torch.Tensor | None]
-    ) -> None:
+    def _work(self, generation: int, parts: Sequence[Callable[[], Any]], results: list[Any]) -> None:
         while (index := self._take(generation, len(parts))) is not None:
             results[index] = parts[index]()
             with self._cond:
@@ -355,6 +360,203 @@ def shared_attention(
         for kv in range(kv_heads)
     ]
     return torch.cat(helper.run(parts), dim=1)
+
+
+@dataclass(eq=False)
+class PrefixSegment:
+    """A prompt prefix several rows of a decode batch share (the same ids at the same positions, so the same keys
+    and values): read once, from the columns `[start, end)` of row `row`, for the queries of every row in `rows`."""
+
+    rows: list[int]
+    """The rows whose queries attend it."""
+    row: int
+    start: int
+    end: int
+
+
+class SharedPrefixes:
+    """How a decode batch's attention reads shared prefixes once (`cascade_attention`): each row attends its
+    segment (in another row when shared) and its own columns from `window` on, those before `own_start[row]`
+    masked (they are its segment's, or padding).
+
+    Valid while the batch keeps its rows (decode steps append columns only; rows that leave are dropped by
+    `kept`). Each layer's segments are copied once, on first use, into one `[segments, kv_heads, longest,
+    head_dim]` key and value tensor (padding masked), so that one product attends all of them."""
+
+    def __init__(self, segments: list[PrefixSegment], own_start: torch.Tensor, window: int, mask: torch.Tensor):
+        """`mask`: the batch's `[rows, columns]` cache mask (1 on real tokens) these were found in."""
+        device = mask.device
+        longest = max(part.end - part.start for part in segments)
+        padding = torch.zeros((len(segments), longest), dtype=torch.bool, device=device)
+        for index, part in enumerate(segments):
+            width = part.end - part.start
+            padding[index, width:] = True
+            padding[index, :width] = ~mask[part.row, part.start : part.end].bool()
+        self._index(segments, own_start, window, padding)
+        self.copied = False
+        """Whether every layer's segments are copied (set by the forward pass that used them)."""
+        self._copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _index(
+        self, segments: list[PrefixSegment], own_start: torch.Tensor, window: int, padding: torch.Tensor
+    ) -> None:
+        device = own_start.device
+        self.segments = segments
+        self.own_start = own_start
+        """`[rows]` long: the first column each row reads itself."""
+        self.window = window
+        """The first column read for every row: the smallest `own_start`."""
+        self._padding = padding
+        self.padding: torch.Tensor | None = padding[:, None, None, :] if bool(padding.any()) else None
+        """`[segments, 1, 1, longest]`: columns of a segment's copy that are not its keys (gaps, its end)."""
+        # Each segment's queries: its rows' queries, padded to the largest segment's count with its first row's.
+        self.members = max(len(part.rows) for part in segments)
+        slots = [part.rows + [part.rows[0]] * (self.members - len(part.rows)) for part in segments]
+        self.query_rows = torch.tensor(slots, device=device).reshape(-1)
+        real = [index * self.members + slot for index, part in enumerate(segments) for slot in range(len(part.rows))]
+        self.real_slots = torch.tensor(real, device=device)
+        self.slot_rows = torch.tensor([row for part in segments for row in part.rows], device=device)
+
+    def kept(self, order: list[int], dropped_columns: int) -> SharedPrefixes | None:
+        """These prefixes for the batch after its rows were compacted to `order` (the old index of each remaining
+        row) and its first `dropped_columns` columns dropped: segments keep their copies and lose the rows that
+        left, those left with none are dropped. None when there is nothing left to share, or the copies are not
+        all made (the rows holding a segment may have left: find them again)."""
+        if not self.copied:
+            return None
+        new_row = {old: new for new, old in enumerate(order)}
+        segments: list[PrefixSegment] = []
+        kept: list[int] = []
+        for index, part in enumerate(self.segments):
+            rows = [new_row[row] for row in part.rows if row in new_row]
+            if rows:
+                segments.append(PrefixSegment(rows, -1, part.start, part.end))  # copied: its columns are not read
+                kept.append(index)
+        if not segments:
+            return None
+        own_start = self.own_start.index_select(0, torch.tensor(order, device=self.own_start.device)) - dropped_columns
+        shared = SharedPrefixes.__new__(SharedPrefixes)
+        kept_index = torch.tensor(kept, device=own_start.device)
+        shared._index(segments, own_start, int(own_start.min()), self._padding.index_select(0, kept_index))
+        shared.copied = True
+        shared._copies = {
+            layer: (keys.index_select(0, kept_index), values.index_select(0, kept_index))
+            if len(kept) < len(self.segments)
+            else (keys, values)
+            for layer, (keys, values) in self._copies.items()
+        }
+        return shared
+
+    def segment_kv(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s segments as `[segments, kv_heads, longest, head_dim]` keys and values (zeros past a
+        segment's end), copied from the batch cache's `keys`/`values` on first use."""
+        copy = self._copies.get(layer)
+        if copy is None:
+            shape = (len(self.segments), int(keys.shape[1]), int(self._padding.shape[1]), int(keys.shape[3]))
+            segment_keys, segment_values = keys.new_zeros(shape), values.new_zeros(shape)
+            for index, part in enumerate(self.segments):
+                width = part.end - part.start
+                segment_keys[index, :, :width] = keys[part.row, :, part.start : part.end]
+                segment_values[index, :, :width] = values[part.row, :, part.start : part.end]
+            copy = self._copies[layer] = (segment_keys, segment_values)
+        return copy
+
+    def window_mask(self, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The own part's additive mask `[rows, 1, 1, columns - window]` for a decode step whose key columns are
+        `mask` `[rows, columns]` (1 on real tokens; the last column is the step's own token)."""
+        columns = torch.arange(self.window, mask.shape[1], device=mask.device)
+        allowed = mask[:, self.window :].bool() & (columns[None, :] >= self.own_start[:, None])
+        allowed[:, -1] = True
+        return _additive(allowed, dtype)[:, None, None, :]
+
+    def segment_mask(self, dtype: torch.dtype) -> torch.Tensor | None:
+        return None if self.padding is None else _additive(~self.padding, dtype)
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask as the additive one the flash kernel takes: 0 where allowed, -inf elsewhere."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+
+
+def _flash(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q K^T scale + mask) V and its log-normalizer per query, `[batch, heads, new, d]` and `[batch,
+    heads, new]`, for equal query and key/value heads (torch's CPU flash kernel, the one scaled_dot_product_attention
+    runs here; its log-normalizer is what lets two parts of the keys be attended apart and merged)."""
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, keys, values, attn_mask=mask, scale=scale)
+    return out, lse
+
+
+def cascade_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    shared: SharedPrefixes,
+    layer: int,
+    window_mask: torch.Tensor,
+    segment_mask: torch.Tensor | None,
+    scale: float,
+    helper: ForwardHelper | None,
+) -> torch.Tensor:
+    """A decode step's attention (`q` `[batch, heads, 1, d]` over layer `layer`'s `keys`/`values` `[batch,
+    kv_heads, columns, d]`) with each shared prefix read once for all the rows that share it.
+
+    Attention over the union of two disjoint sets of keys A and B is the merge of the attention over each, weighted
+    by their normalizers: with o_X = softmax(s_X) V_X and l_X = log sum exp(s_X),
+
+        o = o_A exp(l_A - l) + o_B exp(l_B - l),   l = log(exp(l_A) + exp(l_B)),
+
+    so a row attends its segment (one product for the queries of every row sharing it: the segment's keys are read
+    once, not once a row) and its own columns (`window_mask`: from `shared.window` on, the segment's columns
+    masked) apart, and the two are merged. The same value as attending the whole row, up to float rounding, when
+    the rows of a segment hold the same keys and values there. Queries of the heads that share a key/value head
+    are attended together (`[.., kv_heads, heads / kv_heads, d]`): the flash kernel wants equal heads, and no key
+    is copied. With a `helper`, two halves of the batch's own columns and two halves of the segments are shared
+    out as parts."""
+    batch, heads, _, head_dim = (int(size) for size in q.shape)
+    kv_heads = int(keys.shape[1])
+    group = heads // kv_heads
+    grouped = q.reshape(batch, kv_heads, group, head_dim)  # one query a row: heads of a kv head as its queries
+    own_keys, own_values = keys[:, :, shared.window :], values[:, :, shared.window :]
+    segment_keys, segment_values = shared.segment_kv(layer, keys, values)
+    count, members = len(shared.segments), shared.members
+    queries = grouped.index_select(0, shared.query_rows).reshape(count, members, kv_heads, group, head_dim)
+    queries = queries.permute(0, 2, 1, 3, 4).reshape(count, kv_heads, members * group, head_dim)
+
+    def own(rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        return _flash(grouped[rows], own_keys[rows], own_values[rows], window_mask[rows], scale)
+
+    def segments(parts: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = None if segment_mask is None else segment_mask[parts]
+        return _flash(queries[parts], segment_keys[parts], segment_values[parts], mask, scale)
+
+    def halves(size: int) -> list[slice]:
+        middle = (size + 1) // 2
+        return [slice(0, middle), slice(middle, size)] if helper is not None and size > 1 else [slice(0, size)]
+
+    own_halves, segment_halves = halves(batch), halves(count)
+    jobs = [partial(own, rows) for rows in own_halves] + [partial(segments, parts) for parts in segment_halves]
+    results = helper.run(jobs) if helper is not None else [job() for job in jobs]
+    own_results, segment_results = results[: len(own_halves)], results[len(own_halves) :]
+    out = torch.cat([o for o, _ in own_results]) if len(own_results) > 1 else own_results[0][0]
+    lse = torch.cat([n for _, n in own_results]) if len(own_results) > 1 else own_results[0][1]
+    part_out = torch.cat([o for o, _ in segment_results]) if len(segment_results) > 1 else segment_results[0][0]
+    part_lse = torch.cat([n for _, n in segment_results]) if len(segment_results) > 1 else segment_results[0][1]
+    # Back to one entry a row: [segments, kv, members x group, ..] -> [segments x members, kv, group, ..].
+    part_out = part_out.reshape(count, kv_heads, members, group, head_dim).transpose(1, 2)
+    part_out = part_out.reshape(count * members, kv_heads, group, head_dim).index_select(0, shared.real_slots)
+    part_lse = part_lse.reshape(count, kv_heads, members, group).transpose(1, 2)
+    part_lse = part_lse.reshape(count * members, kv_heads, group).index_select(0, shared.real_slots)
+    rows = shared.slot_rows
+    own_out, own_lse = out.index_select(0, rows), lse.index_select(0, rows)
+    total = torch.logaddexp(own_lse, part_lse)
+    # In float32 (the normalizers are), then in the attention's dtype as one product of the whole rows would be.
+    merged = (
+        own_out.float() * torch.exp(own_lse - total)[..., None]
+        + part_out.float() * torch.exp(part_lse - total)[..., None]
+    )
+    return out.index_copy(0, rows, merged.to(out.dtype)).reshape(batch, heads, 1, head_dim)
 
 
 DECODE_ATTENTION_TIMING_SHAPE = (8, 256)
@@ -532,15 +734,29 @@ class LeanDecoder:
             return None
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Any,
+        shared: SharedPrefixes | None = None,
+    ) -> torch.Tensor:
         """Logits `[batch, vocab]` (float32) at each row's last input position. `mask` `[batch, past + new]` marks
         real key columns; `positions` `[batch, new]` are the new tokens' positions; `cache.layers[i].update` takes
-        the new keys/values `[batch, kv_heads, new, head_dim]` and returns all of them."""
+        the new keys/values `[batch, kv_heads, new, head_dim]` and returns all of them. `shared`: for a decode step
+        (one new token a row), the prefixes rows share, read once (`cascade_attention`)."""
         batch, new = input_ids.shape
         hidden = F.embedding(input_ids, self.embed)
         cos, sin = self.rotary(hidden, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [batch, 1, new, head_dim]
-        allowed = self._allowed(mask, new)
+        if shared is not None and new != 1:
+            raise ValueError("shared prefixes are for decode steps (one new token a row)")
+        allowed = self._allowed(mask, new) if shared is None else None
+        window_mask = segment_mask = None
+        if shared is not None:
+            window_mask = shared.window_mask(mask, self.kv_dtype)
+            segment_mask = shared.segment_mask(self.kv_dtype)
         size = (int(hidden.shape[-1]),)
         low, helper = self.matmul_dtype, self.helper
         for index, layer in enumerate(self.layers):
@@ -557,7 +773,14 @@ class LeanDecoder:
                 if self.attention_in_float32:  # the same rounded values, attended and cached in float32
                     q, k, v = q.float(), k.float(), v.float()
             keys, values = cache.layers[index].update(k, v)
-            attended = shared_attention(q, keys, values, allowed, self.scaling, helper)
+            if shared is None:
+                assert allowed is not None
+                attended = shared_attention(q, keys, values, allowed, self.scaling, helper)
+            else:
+                assert window_mask is not None
+                attended = cascade_attention(
+                    q, keys, values, shared, index, window_mask, segment_mask, self.scaling, helper
+                )
             attended = attended.transpose(1, 2).reshape(batch, new, self.q_width)
             if low is not None:  # the output projection's input in the matmul dtype (a no-op unless in float32)
                 attended = attended.to(low)
@@ -566,6 +789,8 @@ class LeanDecoder:
             hidden = hidden + shared_mlp(x if low is None else x.to(low), layer.gate_up, layer.down, helper).to(
                 hidden.dtype
             )
+        if shared is not None:
+            shared.copied = True  # every layer's segments: rows may leave now without losing them
         last = F.rms_norm(hidden[:, -1], size, self.norm, self.eps)
         head = self.lm_head, self.lm_head_packed, self.helper
         return head_logits(last if low is None else last.to(low), *head).float()

@@ -97,8 +97,9 @@ from agentgym.inference.batching import (
     prefill_inputs,
     sample_next,
     shared_prefix_jobs,
+    shared_prefixes,
 )
-from agentgym.inference.decoder import ForwardHelper, LeanDecoder
+from agentgym.inference.decoder import ForwardHelper, LeanDecoder, SharedPrefixes
 from agentgym.inference.errors import (
     EngineClosedError,
     EngineError,
@@ -142,6 +143,11 @@ def lean_decoder(
     if not growable or os.environ.get(LEAN_DECODER_VARIABLE, "1") == "0":
         return None
     return LeanDecoder.for_model(model, matmul_dtype, forward_helper)
+
+
+CASCADE_ATTENTION_VARIABLE = "AGENTGYM_CASCADE_ATTENTION"
+"""Set to 0 to have every decode step attend each row's whole cache, shared prefixes included (read once for the
+rows that share them by default: `batching.shared_prefixes`, `decoder.cascade_attention`)."""
 
 
 def wants_forward_helper(device: torch.device) -> bool:
@@ -447,6 +453,15 @@ class Engine:
     def _caching(self) -> bool:
         return self._growable and self._prefix.enabled
 
+    @property
+    def _cascade(self) -> bool:
+        """Whether decode steps read shared prefixes once (the lean forward on CPU: torch's CPU flash kernel)."""
+        return (
+            self._lean is not None
+            and self.device.type == "cpu"
+            and os.environ.get(CASCADE_ATTENTION_VARIABLE, "1") != "0"
+        )
+
     def _apply_swap(self) -> None:
         swap = self._swap
         assert swap is not None
@@ -503,10 +518,15 @@ class Engine:
     # ------------------------------------------------------------------ prefill / decode
 
     def _forward(
-        self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Any,
+        shared: SharedPrefixes | None = None,
     ) -> torch.Tensor:
         if self._lean is not None:
-            return self._lean.forward(input_ids, mask, positions, cache)
+            return self._lean.forward(input_ids, mask, positions, cache, shared)
         out = self._model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -651,9 +671,14 @@ class Engine:
         rows = len(batch.sequences)
         self.stats.max_running = max(self.stats.max_running, rows)
         self.metrics.running.set(rows)
+        if not batch.shared_current:  # the rows changed: find what they share again
+            batch.shared = shared_prefixes(batch.sequences, batch.mask) if self._cascade else None
+            batch.shared_current = True
         ones = torch.ones((rows, 1), dtype=batch.mask.dtype, device=batch.mask.device)
         batch.mask = torch.cat([batch.mask, ones], dim=1)
-        logits = self._forward(batch.next_tokens[:, None], batch.mask, batch.lengths[:, None], batch.cache)
+        logits = self._forward(
+            batch.next_tokens[:, None], batch.mask, batch.lengths[:, None], batch.cache, batch.shared
+        )
         batch.lengths = batch.lengths + 1
         self.stats.decode_steps += 1
         self.stats.decode_rows += rows
