@@ -84,6 +84,19 @@ def hand_shared(mask: torch.Tensor) -> SharedPrefixes:
     return SharedPrefixes(segments, own_start, 6, mask)
 
 
+def attend(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    shared: SharedPrefixes,
+    mask: torch.Tensor,
+    helper: ForwardHelper | None = None,
+) -> torch.Tensor:
+    """`cascade_attention` of layer 0 for a decode step whose cache mask is `mask` (float32)."""
+    window, segments = shared.window_mask(mask, torch.float32), shared.segment_mask(torch.float32)
+    return cascade_attention(q, keys, values, shared, 0, window, segments, HEAD_DIM**-0.5, helper)
+
+
 @pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
 @pytest.mark.parametrize("with_helper", [False, True], ids=["one-thread", "helper"])
 def test_cascade_attention_is_the_attention_over_each_rows_whole_cache(kv_heads: int, with_helper: bool) -> None:
@@ -93,17 +106,7 @@ def test_cascade_attention_is_the_attention_over_each_rows_whole_cache(kv_heads:
     assert shared.padding is not None and shared.padding[0, 0, 0].tolist() == [False] * 3 + [True] + [False] * 3
     helper = ForwardHelper() if with_helper else None
     try:
-        got = cascade_attention(
-            q,
-            keys,
-            values,
-            shared,
-            0,
-            shared.window_mask(mask, torch.float32),
-            shared.segment_mask(torch.float32),
-            HEAD_DIM**-0.5,
-            helper,
-        )
+        got = attend(q, keys, values, shared, mask, helper)
     finally:
         if helper is not None:
             helper.close()
@@ -136,17 +139,7 @@ def test_prefixes_survive_rows_leaving_from_their_copies_even_the_row_that_held_
     shared = hand_shared(mask)
     unused = shared.kept([0, 1, 2], 0)
     assert unused is None  # not copied yet: the rows holding a segment may be gone, find them again
-    cascade_attention(
-        q,
-        keys,
-        values,
-        shared,
-        0,
-        shared.window_mask(mask, torch.float32),
-        shared.segment_mask(torch.float32),
-        HEAD_DIM**-0.5,
-        None,
-    )
+    attend(q, keys, values, shared, mask)
     shared.copied = True
     # Rows 0, 2 (prefix B's holder) and 3 leave: rows 4 and 5 move into their places, row 1 stays with A.
     keep = [1, 4, 5]
@@ -158,17 +151,7 @@ def test_prefixes_survive_rows_leaving_from_their_copies_even_the_row_that_held_
     assert kept is not None and kept.copied
     assert [part.rows for part in kept.segments] == [[1], [2]]  # A for row 1, B for old row 5; row 3's is gone
     assert kept.own_start.tolist() == [10, 7, 6] and kept.window == 6
-    got = cascade_attention(
-        q.index_select(0, index),
-        keys.index_select(0, index),
-        values.index_select(0, index),
-        kept,
-        0,
-        kept.window_mask(kept_mask, torch.float32),
-        kept.segment_mask(torch.float32),
-        HEAD_DIM**-0.5,
-        None,
-    )
+    got = attend(q.index_select(0, index), keys.index_select(0, index), values.index_select(0, index), kept, kept_mask)
     # Row 2's keys are gone from the batch: prefix B comes from the copy.
     expected = by_formula(
         q.index_select(0, index), keys.index_select(0, index), values.index_select(0, index), kept_mask
