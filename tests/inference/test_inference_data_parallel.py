@@ -32,11 +32,11 @@ from agentgym.inference.data_parallel import (
     _served_ids,
     data_parallel_refusal,
     merge_metrics,
-    prefix_blocks,
     replica_arguments,
     replica_bytes,
 )
 from agentgym.inference.engine import DEFAULT_PREFIX_CACHE_BYTES, Engine, SamplingParams
+from agentgym.inference.prefix_cache import block_keys
 from agentgym.messaging import free_port
 from agentgym.operator.manifests import Checkpoint
 from agentgym.operator.weights import Replica, roller_for, sync_replicas
@@ -44,18 +44,23 @@ from agentgym.operator.weights import Replica, roller_for, sync_replicas
 BLOCK = ROUTING_BLOCK
 
 
+def blocks(token_ids: list[int], known: list[int] | None = None) -> list[int]:
+    """The router's prefix block keys (`prefix_cache.block_keys` at `ROUTING_BLOCK`)."""
+    return block_keys(token_ids, ROUTING_BLOCK, known=known or ())
+
+
 def tokens(start: int, count: int) -> list[int]:
     return list(range(start, start + count))
 
 
-def test_prefix_blocks_name_each_whole_block_prefix() -> None:
+def test_routing_blocks_name_each_whole_block_prefix() -> None:
     first, second = tokens(0, BLOCK), tokens(100, BLOCK)
-    assert prefix_blocks(first + second + first, known=prefix_blocks(first)) == prefix_blocks(first + second + first)
-    assert prefix_blocks(first[:-1]) == []  # no whole block
-    assert prefix_blocks(first + second + [7]) == prefix_blocks(first + second)  # a partial block is not named
-    [one] = prefix_blocks(first)
-    assert prefix_blocks(first + second)[0] == one
-    assert prefix_blocks(second + second)[1] != prefix_blocks(first + second)[1]  # chained: the prefix counts
+    assert blocks(first + second + first, blocks(first)) == blocks(first + second + first)
+    assert blocks(first[:-1]) == []  # no whole block
+    assert blocks(first + second + [7]) == blocks(first + second)  # a partial block is not named
+    [one] = blocks(first)
+    assert blocks(first + second)[0] == one
+    assert blocks(second + second)[1] != blocks(first + second)[1]  # chained: the prefix counts
 
 
 def test_router_prefers_the_longest_served_prefix_within_the_slack() -> None:
@@ -63,38 +68,38 @@ def test_router_prefers_the_longest_served_prefix_within_the_slack() -> None:
     ready = [True, True, True]
     first, second, other = tokens(0, BLOCK), tokens(100, BLOCK), tokens(500, BLOCK)
     # nothing served yet: least loaded, lowest index
-    assert router.choose(prefix_blocks(first + second), ready, [2, 1, 1]) == 1
-    router.record(prefix_blocks(first + second), 0)
+    assert router.choose(blocks(first + second), ready, [2, 1, 1]) == 1
+    router.record(blocks(first + second), 0)
     # the first block's replica is now 2 (it served it last), the second's still 0
-    router.record(prefix_blocks(first + other), 2)
-    assert router.choose(prefix_blocks(first + second + [1, 2]), ready, [3, 0, 0]) == 0  # the longest prefix: 3 < 0 + 4
-    assert router.choose(prefix_blocks(first + other), ready, [0, 0, 3]) == 2
+    router.record(blocks(first + other), 2)
+    assert router.choose(blocks(first + second + [1, 2]), ready, [3, 0, 0]) == 0  # the longest prefix: 3 < 0 + 4
+    assert router.choose(blocks(first + other), ready, [0, 0, 3]) == 2
     # only the first block matches
-    assert router.choose(prefix_blocks(first + tokens(900, BLOCK)), ready, [0, 1, 1]) == 2
+    assert router.choose(blocks(first + tokens(900, BLOCK)), ready, [0, 1, 1]) == 2
     # 4 more than the least loaded: balanced instead
-    assert router.choose(prefix_blocks(first + second), ready, [4, 0, 0]) == 1
-    assert router.choose(prefix_blocks(tokens(0, BLOCK - 1)), ready, [1, 0, 0]) == 1  # shorter than a block: by load
+    assert router.choose(blocks(first + second), ready, [4, 0, 0]) == 1
+    assert router.choose(blocks(tokens(0, BLOCK - 1)), ready, [1, 0, 0]) == 1  # shorter than a block: by load
     assert router.choose([], ready, [0, 1, 0]) == 0  # a text prompt (no blocks): by load
 
 
 def test_router_skips_replicas_that_are_not_ready_and_forgets_restarted_ones() -> None:
     router = PrefixRouter(2, slack=AFFINITY_SLACK)
     prompt = tokens(0, 3 * BLOCK)
-    router.record(prefix_blocks(prompt), 1)
-    assert router.choose(prefix_blocks(prompt), [True, False], [5, 0]) == 0
-    assert router.choose(prefix_blocks(prompt), [False, False], [0, 0]) is None
-    assert router.choose(prefix_blocks(prompt), [True, True], [1, 2]) == 1
+    router.record(blocks(prompt), 1)
+    assert router.choose(blocks(prompt), [True, False], [5, 0]) == 0
+    assert router.choose(blocks(prompt), [False, False], [0, 0]) is None
+    assert router.choose(blocks(prompt), [True, True], [1, 2]) == 1
     router.forget(1)  # restarted: its prefix cache is empty
-    assert router.choose(prefix_blocks(prompt), [True, True], [1, 2]) == 0
+    assert router.choose(blocks(prompt), [True, True], [1, 2]) == 0
 
 
 def test_router_forgets_the_least_recently_served_blocks_beyond_its_capacity() -> None:
     router = PrefixRouter(2, capacity=2)
     old, new = tokens(0, 2 * BLOCK), tokens(1000, 2 * BLOCK)
-    router.record(prefix_blocks(old), 1)
-    router.record(prefix_blocks(new), 1)  # 4 blocks recorded, the 2 of `old` forgotten
-    assert router.choose(prefix_blocks(old), [True, True], [0, 0]) == 0
-    assert router.choose(prefix_blocks(new), [True, True], [0, 0]) == 1
+    router.record(blocks(old), 1)
+    router.record(blocks(new), 1)  # 4 blocks recorded, the 2 of `old` forgotten
+    assert router.choose(blocks(old), [True, True], [0, 0]) == 0
+    assert router.choose(blocks(new), [True, True], [0, 0]) == 1
 
 
 def test_routing_ids_of_each_prompt_shape() -> None:
@@ -109,7 +114,7 @@ def test_routing_ids_of_each_prompt_shape() -> None:
 
 def test_served_ids_continue_each_prompts_blocks() -> None:
     prompts = [tokens(0, BLOCK + 5), tokens(300, 2 * BLOCK)]
-    blocks = [prefix_blocks(prompt) for prompt in prompts]
+    prompt_blocks = [blocks(prompt) for prompt in prompts]
     sampled = [tokens(700, 20), tokens(800, 3), tokens(900, BLOCK)]
     choices = [  # n = 2 for the first prompt's two choices ... as the server numbers them: index // n is the prompt
         {"index": 0, "prompt_token_ids": prompts[0], "token_ids": sampled[0]},
@@ -117,14 +122,14 @@ def test_served_ids_continue_each_prompts_blocks() -> None:
         {"index": 2, "prompt_token_ids": prompts[1], "token_ids": sampled[2]},
         {"index": 3, "prompt_token_ids": prompts[1], "token_ids": None},  # no ids returned: nothing recorded
     ]
-    served = _served_ids(json.dumps({"choices": choices}).encode(), blocks)
+    served = _served_ids(json.dumps({"choices": choices}).encode(), prompt_blocks)
     assert served == [
-        prefix_blocks(prompts[0] + sampled[0]),
-        prefix_blocks(prompts[0] + sampled[1]),
-        prefix_blocks(prompts[1] + sampled[2]),
+        blocks(prompts[0] + sampled[0]),
+        blocks(prompts[0] + sampled[1]),
+        blocks(prompts[1] + sampled[2]),
     ]
     assert len(served[0]) == 2 and len(served[1]) == 1 and len(served[2]) == 3
-    assert _served_ids(b"not json", blocks) == []
+    assert _served_ids(b"not json", prompt_blocks) == []
 
 
 def test_replica_arguments_repeat_the_given_options() -> None:

@@ -64,7 +64,7 @@ from agentgym.children import die_with_parent
 from agentgym.cpus import CPUS_VARIABLE, available_cpus, available_memory
 from agentgym.inference.client import POLICY_VERSION_HEADER
 from agentgym.inference.engine import DEFAULT_PREFIX_CACHE_BYTES
-from agentgym.inference.prefix_cache import BLOCK_SIZE
+from agentgym.inference.prefix_cache import BLOCK_SIZE, block_keys
 from agentgym.inference.server import (
     LoadWeightsRequest,
     error_payload,
@@ -111,17 +111,6 @@ RESTART_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0)
 last repeats)."""
 
 
-def prefix_blocks(token_ids: Sequence[int], known: Sequence[int] = (), block: int = ROUTING_BLOCK) -> list[int]:
-    """Chained hashes of the full `block`-token blocks of `token_ids`: the i-th names the prefix of (i+1) blocks.
-    `known`: the hashes of a prefix of `token_ids` already computed (a completion's prompt's), continued from."""
-    hashes = list(known)
-    previous = hashes[-1] if hashes else 0
-    for start in range(len(hashes) * block, len(token_ids) - block + 1, block):
-        previous = hash((previous, tuple(token_ids[start : start + block])))
-        hashes.append(previous)
-    return hashes
-
-
 class PrefixRouter:
     """Which replica a prompt goes to: the one that last served its longest prefix (in `ROUTING_BLOCK` blocks),
     unless it has `slack` or more sequences in flight than the least loaded ready replica; then (or with no prefix
@@ -134,8 +123,8 @@ class PrefixRouter:
         self._owner: OrderedDict[int, int] = OrderedDict()  # prefix block hash -> replica that last served it
 
     def choose(self, blocks: Sequence[int], ready: Sequence[bool], in_flight: Sequence[int]) -> int | None:
-        """A ready replica for a prompt of these `prefix_blocks` (none: a text prompt or a short one, routed by
-        load), or None when none is ready."""
+        """A ready replica for a prompt of these block keys (`prefix_cache.block_keys`; none: a text prompt or a
+        short one, routed by load), or None when none is ready."""
         candidates = [index for index in range(self.replicas) if ready[index]]
         if not candidates:
             return None
@@ -151,7 +140,7 @@ class PrefixRouter:
         return least
 
     def record(self, blocks: Sequence[int], replica: int) -> None:
-        """`replica` now holds the prefix of these `prefix_blocks` (it served them)."""
+        """`replica` now holds the prefix of these `prefix_cache.block_keys` (it served them)."""
         for block in blocks:
             self._owner[block] = replica
             self._owner.move_to_end(block)
@@ -379,7 +368,7 @@ def _routing_ids(body: Any) -> tuple[list[list[int]], int]:
 
 
 def _served_ids(content: bytes, prompt_blocks: Sequence[list[int]]) -> list[list[int]]:
-    """Each choice's `prefix_blocks` over its prompt and sampled ids, where the response has them
+    """Each choice's `prefix_cache.block_keys` over its prompt and sampled ids, where the response has them
     (`return_token_ids`), continued from its prompt's (`prompt_blocks`, in the request's order: a choice's prompt is
     its index // n, the servers' convention)."""
     try:
@@ -392,9 +381,8 @@ def _served_ids(content: bytes, prompt_blocks: Sequence[list[int]]) -> list[list
                 continue
             position = int(choice.get("index", 0)) // per_prompt
             known = prompt_blocks[position] if position < len(prompt_blocks) else []
-            served.append(
-                prefix_blocks([*prompt, *sampled], known if len(known) * ROUTING_BLOCK <= len(prompt) else ())
-            )
+            usable = known if len(known) * ROUTING_BLOCK <= len(prompt) else ()
+            served.append(block_keys([*prompt, *sampled], ROUTING_BLOCK, known=usable))
         return served
     except (ValueError, AttributeError, TypeError, KeyError):
         return []
@@ -410,7 +398,8 @@ def create_front(replicas: ReplicaSet, max_model_len: int) -> Starlette:
         except ValueError:
             body = None
         prompts, sequences = _routing_ids(body)
-        prompt_blocks = [prefix_blocks(prompt) for prompt in prompts]  # once: routed, recorded, continued when served
+        # Once a prompt: routed, recorded, and continued over the completion when served.
+        prompt_blocks = [block_keys(prompt, ROUTING_BLOCK) for prompt in prompts]
         headers = {name: value for name, value in request.headers.items() if name.lower() in _FORWARDED_HEADERS}
         tried: set[int] = set()
         while True:  # a replica that fails under a request (it died) hands it to another: sampling is repeatable

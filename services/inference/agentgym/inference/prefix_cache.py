@@ -41,12 +41,15 @@ def chain_key(previous: int, block: Sequence[int]) -> int:
     return hash((previous, *block))
 
 
-def block_keys(ids: Sequence[int], block_size: int = BLOCK_SIZE, limit: int | None = None) -> list[int]:
-    """The chained key of each full block of `ids[:limit]`."""
+def block_keys(
+    ids: Sequence[int], block_size: int = BLOCK_SIZE, limit: int | None = None, known: Sequence[int] = ()
+) -> list[int]:
+    """The chained key of each full block of `ids[:limit]`; `known`: the keys of a prefix of `ids` already computed
+    (a completion's prompt's), continued from."""
     end = len(ids) if limit is None else min(limit, len(ids))
-    keys: list[int] = []
-    key = _ROOT
-    for start in range(0, end - block_size + 1, block_size):
+    keys = list(known)
+    key = keys[-1] if keys else _ROOT
+    for start in range(len(keys) * block_size, end - block_size + 1, block_size):
         key = chain_key(key, ids[start : start + block_size])
         keys.append(key)
     return keys
