@@ -82,6 +82,7 @@ def share_everything(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(decoder_module, "SHARED_PRODUCT_MACS", 0)
     monkeypatch.setattr(decoder_module, "SHARED_ATTENTION_MACS", 0)
     monkeypatch.setattr(decoder_module, "SHARED_MLP_MACS", 0)
+    monkeypatch.setattr(decoder_module, "SHARED_PACKED_MACS", 0)
     helper = decoder_module.ForwardHelper()
     yield helper
     helper.close()
@@ -224,12 +225,17 @@ def test_bf16_matmuls_compute_what_the_trainers_autocast_computes(
 
 
 @pytest.mark.skipif(not decoder_module._onednn_bf16(), reason="oneDNN has no native bf16 matmul on this CPU")
+@pytest.mark.parametrize("shared", [False, True], ids=["one-thread", "shared-by-rows"])
 @pytest.mark.parametrize("build", [tiny_llama, tiny_qwen2], ids=["llama-tied-head", "qwen2-biases"])
-def test_packed_bf16_matrices_give_the_plain_bf16_logits(build: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_packed_bf16_matrices_give_the_plain_bf16_logits(
+    build: Any, shared: bool, monkeypatch: pytest.MonkeyPatch, request: Any
+) -> None:
     """oneDNN's blocked layout changes where the matrices' numbers sit, not the products: prefill (left-padded
-    rows) and a decode step give the logits and KV of plain bf16 matrices."""
+    rows) and a decode step give the logits and KV of plain bf16 matrices, on one thread or with every product
+    shared with a helper by chunks of rows."""
     packed_model, plain_model = build(), build()
-    packed = LeanDecoder.for_model(packed_model, torch.bfloat16)
+    helper = request.getfixturevalue("share_everything") if shared else None
+    packed = LeanDecoder.for_model(packed_model, torch.bfloat16, helper)
     monkeypatch.setattr(decoder_module, "_onednn_bf16", lambda: False)
     plain = LeanDecoder.for_model(plain_model, torch.bfloat16)
     assert packed is not None and plain is not None
@@ -255,6 +261,8 @@ def test_packed_bf16_matrices_give_the_plain_bf16_logits(build: Any, monkeypatch
         ]
     torch.testing.assert_close(logits[0], logits[1], atol=1e-2, rtol=0)
     torch.testing.assert_close(caches[0].layers[1].keys, caches[1].layers[1].keys, atol=1e-2, rtol=0)
+    if helper is not None:  # 2 forwards x layers x (q/k/v and o by rows, attention, the MLP by rows) + the head's
+        assert helper._generation >= 2 * 4 * len(packed.layers)
 
 
 def test_bfloat16_means_bf16_matmuls_only_on_a_cpu_with_bf16_units(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -372,6 +380,55 @@ def test_a_forward_helper_shares_the_heads_product_and_gives_the_same_logits(mon
     finally:
         helper.close()
     assert not helper._thread.is_alive()
+
+
+@pytest.mark.skipif(not decoder_module._onednn_bf16(), reason="oneDNN has no native bf16 matmul on this CPU")
+def test_packed_products_are_shared_by_chunks_of_rows_from_their_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A packed projection and a packed MLP are split between two threads by chunks of their input's rows, each
+    the one product's values for its rows (and the formula's, computed in float64 from the same bf16 numbers), from
+    `SHARED_PACKED_MACS` only; a large prefill is cut into more chunks than threads."""
+    generator = torch.Generator().manual_seed(5)
+
+    def bf16(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator).bfloat16()
+
+    weight, bias, states = bf16(96, 40), bf16(96), bf16(3, 5, 40)  # states: [batch, new, hidden], a prefill's
+    gate, up, down = bf16(24, 40), bf16(24, 40), bf16(40, 24)
+    exact_linear = F.linear(states.double(), weight.double(), bias.double())
+    gated = F.silu(F.linear(states.double(), gate.double())) * F.linear(states.double(), up.double())
+    exact_mlp = F.linear(gated, down.double())
+    packed, gate_up, packed_down = (decoder_module._pack(m) for m in (weight, torch.cat((gate, up)), down))
+    assert packed.is_mkldnn and gate_up.is_mkldnn and packed_down.is_mkldnn
+    whole_linear = decoder_module._linear(states, packed, bias)
+    whole_mlp = decoder_module._fused_mlp(states, gate_up, packed_down)
+    helper = decoder_module.ForwardHelper()
+
+    def products() -> None:
+        linear = decoder_module.shared_linear(states, packed, bias, helper)
+        mlp = decoder_module.shared_mlp(states, gate_up, packed_down, helper)
+        assert linear.shape == whole_linear.shape and mlp.shape == whole_mlp.shape
+        torch.testing.assert_close(linear, whole_linear)
+        torch.testing.assert_close(mlp, whole_mlp)
+        # Within a few bf16 roundings of the formula (gate/up and the gated units are rounded to bf16 too).
+        for shared, exact in ((linear, exact_linear), (mlp, exact_mlp)):
+            torch.testing.assert_close(shared.double(), exact, atol=0.02 * exact.abs().max().item(), rtol=0.02)
+
+    try:
+        products()
+        assert helper._generation == 0, "below the threshold: one product on the caller's thread"
+        monkeypatch.setattr(
+            decoder_module, "SHARED_PACKED_MACS", 15 * 3 * 40 * 24
+        )  # the MLP's (the projection: 57,600)
+        products()
+        assert helper._generation == 2, "from the threshold: one hand-off each"
+        parts: list[int] = []
+        run = helper.run
+        monkeypatch.setattr(helper, "run", lambda jobs: parts.append(len(jobs)) or run(jobs))
+        monkeypatch.setattr(decoder_module, "PACKED_ROWS_PER_PART", 4)
+        products()  # 15 rows by chunks of >= 4 rows: 3 chunks of 5
+        assert parts == [3, 3]
+    finally:
+        helper.close()
 
 
 def test_shared_projections_and_attention_equal_one_threads_and_small_ones_are_not_shared(

@@ -48,14 +48,16 @@ one), a `ForwardHelper` thread shares the forward pass's large operations with t
 in `HEAD_CHUNKS` slices of the vocabulary, each projection of enough rows or weights in two halves of its output
 columns (`shared_linear`), attention over enough keys in two halves of the batch or, for one row, by key/value head
 (`shared_attention`), and the MLP by halves of its intermediate units, gate/up and down in one hand-off
-(`shared_mlp`, tensor parallelism's split). Each thread takes the next part until none is left, with no barrier: a
-helper descheduled by a busy neighbour delays an operation by one part at most, where an OpenMP team of two would
-wait for its whole half. Every part is computed by the same kernel as the whole (the same values, up to the
+(`shared_mlp`, tensor parallelism's split); packed bf16 matrices, which have no views to halve, by chunks of their
+input's rows instead (`_by_rows`: a prefill's projections and MLPs, and a larger model's batched decode MLP; the
+quickstart turn's prefill of 1,952 rows 23.0 -> 8.6 ms an MLP). Each thread takes the next part until none is left,
+with no barrier: a helper descheduled by a busy neighbour delays an operation by one part at most, where an OpenMP
+team of two would wait for its whole half. Every part is computed by the same kernel as the whole (the same values, up to the
 kernels' blocking; equal on the tests' shapes; the MLP's two partial outputs are summed, the same up to rounding).
 On the EPYC: the tiny model's head at 32 rows 15.1 -> 9.3 ms; 32 rows of attention over 800 keys 2.2 -> 1.3 ms
 (SmolLM2's 5.4 -> 2.9); a 256 x 576 x 3072 projection (SmolLM2's gate/up in a prefill) 9.7 -> 5.6 ms. Small
 operations stay on one thread (`SHARED_PRODUCT_MACS`, `SHARED_PRODUCT_WEIGHTS`, `SHARED_ATTENTION_MACS`,
-`SHARED_MLP_MACS`): the helper's wake-up (~0.05 ms) would cost more than the half it would take. With another
+`SHARED_MLP_MACS`, `SHARED_PACKED_MACS`): the helper's wake-up (~0.05-0.1 ms) would cost more than the half it would take. With another
 process keeping a core busy the two threads share the core left, and sharing cost ~6 % on the tiny model's rollout
 step (`benchmarks/rollout_engines_bench.py --contention`).
 Re-timing the head's layouts every 500 products, to follow such a neighbour, measured within that noise under
@@ -270,11 +272,15 @@ not gain."""
 def shared_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, helper: ForwardHelper | None
 ) -> torch.Tensor:
-    """`_linear`, its output columns split in two halves between the caller and `helper` when the product is
-    large enough (`SHARED_PRODUCT_MACS`, `SHARED_PRODUCT_WEIGHTS`) and `weight` is a plain matrix (a packed one
-    has no row slices)."""
-    if helper is None or weight.is_mkldnn:
+    """`_linear`, shared between the caller and `helper` when the product is large enough: a plain matrix by two
+    halves of its output columns (`SHARED_PRODUCT_MACS`, `SHARED_PRODUCT_WEIGHTS`), a packed one (which has no row
+    slices) by chunks of `x`'s rows (`SHARED_PACKED_MACS`)."""
+    if helper is None:
         return _linear(x, weight, bias)
+    if weight.is_mkldnn:
+        if x.numel() * int(weight.shape[0]) < SHARED_PACKED_MACS:
+            return _linear(x, weight, bias)
+        return _by_rows(x, partial(_linear, weight=weight, bias=bias), helper)
     weights = weight.numel()
     if weights < SHARED_PRODUCT_WEIGHTS and x.numel() // int(weight.shape[1]) * weights < SHARED_PRODUCT_MACS:
         return _linear(x, weight, bias)
@@ -282,6 +288,32 @@ def shared_linear(
     biases = bias.chunk(2) if bias is not None else (None,) * len(halves)
     parts = [partial(_linear, x, half, part_bias) for half, part_bias in zip(halves, biases, strict=True)]
     return torch.cat(helper.run(parts), dim=-1)
+
+
+SHARED_PACKED_MACS = 32_000_000
+"""A product of packed (bf16) matrices, a projection or the MLP (gate/up and down together), is shared from this
+many multiply-adds by chunks of its rows (`_by_rows`): a packed product of a decode step's few rows is fast enough
+that the hand-off costs more than the part it hands off. On the EPYC, the tiny model's MLP (256 x 1,024) by two
+chunks at 32 rows (25 M) 0.33 -> 0.35 ms, 64 rows 0.59 -> 0.53, 256 rows 2.3 -> 1.6, a quickstart turn's prefill
+(1,952 rows, 7 chunks) 23.0 -> 8.6; SmolLM2's (576 x 1,536) at 16 rows (42 M) 0.48 -> 0.41, 32 rows 0.88 -> 0.62,
+1,952 rows 58.9 -> 26.2; the tiny model's q/k/v (256 x 512) at 32 rows (4 M) 0.07 -> 0.15."""
+
+PACKED_ROWS_PER_PART = 256
+"""Rows of each chunk a shared packed product is cut into (at least 2 chunks, at most `PACKED_PARTS`): more chunks
+than threads, so that a helper descheduled by a busy neighbour holds up at most one chunk, while the caller takes
+the rest; a chunk of this many rows is still one efficient product (the tiny model's MLP at 1,952 rows in 2, 4 and
+8 chunks: 11.7, 8.9 and 8.6 ms)."""
+
+PACKED_PARTS = 8
+
+
+def _by_rows(x: torch.Tensor, product: Callable[[torch.Tensor], torch.Tensor], helper: ForwardHelper) -> torch.Tensor:
+    """`product(x)` for a row-wise `product` ([rows, in] -> [rows, out]), its rows cut into chunks that the caller
+    and `helper` take in turn: each row is computed by the same kernel on the same matrices as in one product."""
+    rows = x.reshape(-1, x.shape[-1])
+    parts = max(2, min(PACKED_PARTS, int(rows.shape[0]) // PACKED_ROWS_PER_PART))
+    outputs = helper.run([partial(product, chunk) for chunk in rows.chunk(parts)])
+    return torch.cat(outputs).reshape(*x.shape[:-1], -1)
 
 
 SHARED_MLP_MACS = 1_000_000
@@ -295,30 +327,31 @@ def _mlp_half(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch
     return _linear(F.silu(_linear(x, gate)) * _linear(x, up), down)
 
 
+def _fused_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    gate, up = _linear(x, gate_up).chunk(2, dim=-1)
+    return _linear(F.silu(gate) * up, down)
+
+
 def shared_mlp(
     x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, helper: ForwardHelper | None
 ) -> torch.Tensor:
     """The MLP `silu(x G^T) * (x U^T) D^T` for `gate_up` = [G; U] (fused rows) and `down` = D, with no biases.
 
-    Shared with `helper` when large enough (`SHARED_MLP_MACS`) by halves of the intermediate units, as tensor
-    parallelism splits it across devices: with G_j, U_j the j-th half of the rows of G, U and D_j the same half of
-    D's columns,
+    Shared with `helper` when large enough, in one hand-off for the whole MLP. Plain matrices (`SHARED_MLP_MACS`)
+    by halves of the intermediate units, as tensor parallelism splits it across devices: with G_j, U_j the j-th
+    half of the rows of G, U and D_j the same half of D's columns,
 
         silu(x G^T) * (x U^T) D^T = sum_j silu(x G_j^T) * (x U_j^T) D_j^T
 
-    so each thread computes one half from x to its partial output, and one hand-off covers the whole MLP (the
-    halves are views: nothing is copied). The two partial sums are added in a different order than one product
-    adds them: the same values up to float rounding."""
+    so each thread computes one half from x to its partial output (the halves are views: nothing is copied; the
+    two partial sums are added in a different order than one product adds them: the same values up to float
+    rounding). Packed ones (bf16, `SHARED_PACKED_MACS`), which have no views, by chunks of x's rows (`_by_rows`)."""
     width = int(down.shape[1])
-    if (
-        helper is None
-        or gate_up.is_mkldnn
-        or down.is_mkldnn
-        or width < 2
-        or x.numel() // int(gate_up.shape[1]) * 3 * int(down.numel()) < SHARED_MLP_MACS
-    ):
-        gate, up = _linear(x, gate_up).chunk(2, dim=-1)
-        return _linear(F.silu(gate) * up, down)
+    macs = x.numel() // int(gate_up.shape[1]) * 3 * int(down.numel())
+    if helper is not None and gate_up.is_mkldnn and macs >= SHARED_PACKED_MACS:
+        return _by_rows(x, partial(_fused_mlp, gate_up=gate_up, down=down), helper)
+    if helper is None or gate_up.is_mkldnn or down.is_mkldnn or width < 2 or macs < SHARED_MLP_MACS:
+        return _fused_mlp(x, gate_up, down)
     half = width // 2
     parts = [
         partial(_mlp_half, x, gate_up[:width][units], gate_up[width:][units], down[:, units])
