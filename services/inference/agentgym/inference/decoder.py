@@ -52,14 +52,14 @@ columns (`shared_linear`), attention over enough keys in two halves of the batch
 input's rows instead (`_by_rows`: a prefill's projections and MLPs, and a larger model's batched decode MLP; the
 quickstart turn's prefill of 1,952 rows 23.0 -> 8.6 ms an MLP). Each thread takes the next part until none is left,
 with no barrier: a helper descheduled by a busy neighbour delays an operation by one part at most, where an OpenMP
-team of two would wait for its whole half. Every part is computed by the same kernel as the whole (the same values, up to the
-kernels' blocking; equal on the tests' shapes; the MLP's two partial outputs are summed, the same up to rounding).
-On the EPYC: the tiny model's head at 32 rows 15.1 -> 9.3 ms; 32 rows of attention over 800 keys 2.2 -> 1.3 ms
-(SmolLM2's 5.4 -> 2.9); a 256 x 576 x 3072 projection (SmolLM2's gate/up in a prefill) 9.7 -> 5.6 ms. Small
+team of two would wait for its whole half. Every part is computed by the same kernel as the whole (the same values,
+up to the kernels' blocking; equal on the tests' shapes; the MLP's two partial outputs are summed, the same up to
+rounding). On the EPYC: the tiny model's head at 32 rows 15.1 -> 9.3 ms; 32 rows of attention over 800 keys 2.2 ->
+1.3 ms (SmolLM2's 5.4 -> 2.9); a 256 x 576 x 3072 projection (SmolLM2's gate/up in a prefill) 9.7 -> 5.6 ms. Small
 operations stay on one thread (`SHARED_PRODUCT_MACS`, `SHARED_PRODUCT_WEIGHTS`, `SHARED_ATTENTION_MACS`,
-`SHARED_MLP_MACS`, `SHARED_PACKED_MACS`): the helper's wake-up (~0.05-0.1 ms) would cost more than the half it would take. With another
-process keeping a core busy the two threads share the core left, and sharing cost ~6 % on the tiny model's rollout
-step (`benchmarks/rollout_engines_bench.py --contention`).
+`SHARED_MLP_MACS`, `SHARED_PACKED_MACS`): the helper's wake-up (~0.05-0.1 ms) would cost more than the half it would
+take. With another process keeping a core busy the two threads share the core left, and sharing cost ~6 % on the
+tiny model's rollout step (`benchmarks/rollout_engines_bench.py --contention`).
 Re-timing the head's layouts every 500 products, to follow such a neighbour, measured within that noise under
 contention and lost half the gain without it, so each row count is timed once.
 
