@@ -475,6 +475,35 @@ def test_shared_projections_and_attention_equal_one_threads_and_small_ones_are_n
         helper.close()
 
 
+def test_a_prefills_attention_is_shared_in_chunks_of_the_batch_by_its_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One chunk of the batch per `ATTENTION_PART_MACS` (at least two, at most `ATTENTION_PARTS`, at most one a
+    row), each row attended by the kernel that attends the whole batch."""
+    assert decoder_module._chunks(5, 3) == [slice(0, 1), slice(1, 3), slice(3, 5)]
+    assert decoder_module._chunks(4, 2) == [slice(0, 2), slice(2, 4)]
+    generator = torch.Generator().manual_seed(6)
+    batch, heads, kv_heads, new, columns, head_dim = 5, 4, 2, 3, 9, 8
+    q = torch.randn(batch, heads, new, head_dim, generator=generator)
+    keys, values = (torch.randn(batch, kv_heads, columns, head_dim, generator=generator) for _ in "kv")
+    allowed = torch.rand(batch, 1, new, columns, generator=generator) > 0.3
+    allowed[..., -1] = True
+    expected = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, scale=0.3, enable_gqa=True)
+    macs = batch * heads * new * columns * head_dim
+    monkeypatch.setattr(decoder_module, "SHARED_ATTENTION_MACS", 0)
+    helper = decoder_module.ForwardHelper()
+    parts: list[int] = []
+    run = helper.run
+    monkeypatch.setattr(helper, "run", lambda jobs: parts.append(len(jobs)) or run(jobs))
+    try:
+        for part_macs, cap in ((macs, 8), (macs // 3, 8), (1, 8), (1, 4)):
+            monkeypatch.setattr(decoder_module, "ATTENTION_PART_MACS", part_macs)
+            monkeypatch.setattr(decoder_module, "ATTENTION_PARTS", cap)
+            shared = decoder_module.shared_attention(q, keys, values, allowed, 0.3, helper)
+            torch.testing.assert_close(shared, expected, atol=1e-6, rtol=1e-6)
+    finally:
+        helper.close()
+    assert parts == [2, 3, 5, 4]  # two at least; one per part's multiply-adds; one a row at most; the cap
+
+
 @pytest.mark.parametrize("units", [6, 7], ids=["even", "odd"])
 def test_a_shared_mlp_is_the_sum_of_its_halves_and_a_small_one_is_not_shared(
     monkeypatch: pytest.MonkeyPatch, units: int

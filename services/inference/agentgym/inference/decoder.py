@@ -46,7 +46,7 @@ SmolLM2 113 MB; a tied head's plain matrix is the embedding and stays either way
 With one intra-op thread on a machine of two or more cores (the engine's default on 2 cores: the usable cores but
 one), a `ForwardHelper` thread shares the forward pass's large operations with the engine's thread: the packed head
 in `HEAD_CHUNKS` slices of the vocabulary, each projection of enough rows or weights in two halves of its output
-columns (`shared_linear`), attention over enough keys in two halves of the batch or, for one row, by key/value head
+columns (`shared_linear`), attention over enough keys in chunks of the batch or, for one row, by key/value head
 (`shared_attention`), and the MLP by halves of its intermediate units, gate/up and down in one hand-off
 (`shared_mlp`, tensor parallelism's split); packed bf16 matrices, which have no views to halve, by chunks of their
 input's rows instead (`_by_rows`: a prefill's projections and MLPs, and a larger model's batched decode MLP; the
@@ -74,6 +74,7 @@ transformers' on prefill, prefix hits and padded decode batches.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import threading
 import time
@@ -269,6 +270,20 @@ model over 300 keys (2.5 M) went 0.66 -> 0.50 ms, over 800 keys 2.2 -> 1.3; 4 Sm
 not gain."""
 
 
+ATTENTION_PART_MACS = 40_000_000
+"""Shared attention is cut into one chunk of the batch per this many multiply-adds (at least two, at most
+`ATTENTION_PARTS`): a prefill's into more chunks than threads, so that a helper descheduled by a busy neighbour
+holds up one small chunk rather than half of it (as `PACKED_ROWS_PER_PART` for packed products)."""
+
+ATTENTION_PARTS = 8
+
+
+def _chunks(size: int, count: int) -> list[slice]:
+    """`count` consecutive slices of `range(size)`, their lengths differing by one at most."""
+    bounds = [size * part // count for part in range(count + 1)]
+    return [slice(start, end) for start, end in itertools.pairwise(bounds)]
+
+
 def shared_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, helper: ForwardHelper | None
 ) -> torch.Tensor:
@@ -371,18 +386,20 @@ def shared_attention(
 ) -> torch.Tensor:
     """Scaled dot-product attention of `q` `[batch, heads, new, d]` over `keys`/`values` `[batch, kv_heads, columns,
     d]` where `allowed` `[batch, 1, new, columns]`; split between the caller and `helper` when large enough
-    (`SHARED_ATTENTION_MACS`): by batch halves, or a single row by groups of key/value heads (each with its query
-    heads). Every query row's result is computed by the same kernel either way."""
+    (`SHARED_ATTENTION_MACS`): by chunks of the batch (two, or one per `ATTENTION_PART_MACS` up to
+    `ATTENTION_PARTS`: a prefill's), or a single row by groups of key/value heads (each with its query heads).
+    Every query row's result is computed by the same kernel either way."""
     batch, heads, new, head_dim = (int(size) for size in q.shape)
     kv_heads, columns = int(keys.shape[1]), int(keys.shape[2])
     attend = partial(F.scaled_dot_product_attention, scale=scale, enable_gqa=kv_heads != heads)
-    if helper is None or batch * heads * new * columns * head_dim < SHARED_ATTENTION_MACS or batch * kv_heads < 2:
+    macs = batch * heads * new * columns * head_dim
+    if helper is None or macs < SHARED_ATTENTION_MACS or batch * kv_heads < 2:
         return attend(q, keys, values, attn_mask=allowed)
     if batch >= 2:
-        half = (batch + 1) // 2
+        count = min(batch, max(2, min(ATTENTION_PARTS, macs // ATTENTION_PART_MACS)))
         parts = [
             partial(attend, q[rows], keys[rows], values[rows], attn_mask=allowed[rows])
-            for rows in (slice(0, half), slice(half, batch))
+            for rows in _chunks(batch, count)
         ]
         return torch.cat(helper.run(parts), dim=0)
     group = heads // kv_heads
