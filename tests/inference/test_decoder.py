@@ -190,8 +190,8 @@ def test_bf16_matmuls_compute_what_the_trainers_autocast_computes(
 
     def float32_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, **kw: Any) -> torch.Tensor:
         with torch.autocast("cpu", enabled=False):
-            inputs = (tensor.bfloat16().float() for tensor in (q, k, v))
-            return bf16_attention(*inputs, *args, **kw).bfloat16()
+            query, key, value = (tensor.bfloat16().float() for tensor in (q, k, v))
+            return bf16_attention(query, key, value, *args, **kw).bfloat16()
 
     model = build()
     reference = build()  # float32 weights: the lean pass converts `model`'s projections in place
@@ -216,9 +216,9 @@ def test_bf16_matmuls_compute_what_the_trainers_autocast_computes(
                     hf_logits(reference, step, step_mask, step_positions, cache),
                 ]
             monkeypatch.setattr(F, "scaled_dot_product_attention", bf16_attention)
-    for mine, autocast, full in zip(ours, theirs[True], theirs[False], strict=True):
-        real = (mine - autocast).abs().max().item()
-        assert mine.dtype == torch.float32 and real <= 0.25 * (full - autocast).abs().max().item(), real
+    for mine, under_autocast, full in zip(ours, theirs[True], theirs[False], strict=True):
+        gap = (mine - under_autocast).abs().max().item()
+        assert mine.dtype == torch.float32 and gap <= 0.25 * (full - under_autocast).abs().max().item(), gap
     # The projections now hold bf16; the embedding (and so a tied head's source) stays float32.
     assert model.model.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
     assert lean.lm_head.dtype == torch.bfloat16 and model.model.embed_tokens.weight.dtype == torch.float32
@@ -423,7 +423,12 @@ def test_packed_products_are_shared_by_chunks_of_rows_from_their_threshold(monke
         assert helper._generation == 2, "from the threshold: one hand-off each"
         parts: list[int] = []
         run = helper.run
-        monkeypatch.setattr(helper, "run", lambda jobs: parts.append(len(jobs)) or run(jobs))
+
+        def counted(jobs: list[Any]) -> list[Any]:
+            parts.append(len(jobs))
+            return run(jobs)
+
+        monkeypatch.setattr(helper, "run", counted)
         monkeypatch.setattr(decoder_module, "PACKED_ROWS_PER_PART", 4)
         products()  # 15 rows by chunks of >= 4 rows: 3 chunks of 5
         assert parts == [3, 3]
@@ -492,7 +497,12 @@ def test_a_prefills_attention_is_shared_in_chunks_of_the_batch_by_its_size(monke
     helper = decoder_module.ForwardHelper()
     parts: list[int] = []
     run = helper.run
-    monkeypatch.setattr(helper, "run", lambda jobs: parts.append(len(jobs)) or run(jobs))
+
+    def counted(jobs: list[Any]) -> list[Any]:
+        parts.append(len(jobs))
+        return run(jobs)
+
+    monkeypatch.setattr(helper, "run", counted)
     try:
         for part_macs, cap in ((macs, 8), (macs // 3, 8), (1, 8), (1, 4)):
             monkeypatch.setattr(decoder_module, "ATTENTION_PART_MACS", part_macs)
@@ -684,3 +694,77 @@ def test_a_packed_bf16_head_is_sliced_for_a_helper_and_either_layout_gives_its_l
             torch.testing.assert_close(logits.float(), expected, atol=1e-2, rtol=2**-7)
     finally:
         helper.close()
+
+
+def test_a_sliced_head_gives_the_heads_logits_and_their_sampling_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head multiplied by its packed vocabulary slices on two threads, each writing its logits and their
+    sampling weights (`sampling.SliceWeights`): the logits of `head_logits` exactly, weights exp(l - slice peak),
+    block sums of them; only for a row count the head was timed to multiply in slices."""
+    from agentgym.inference.sampling import CDF_BLOCK
+
+    helper = decoder_module.ForwardHelper()
+    try:
+        model = tiny_llama()
+        lean = LeanDecoder.for_model(model, helper=helper)
+        assert lean is not None and lean.lm_head_packed is not None
+        states = torch.randn(6, int(model.config.hidden_size), generator=torch.Generator().manual_seed(8))
+        shape = (int(lean.lm_head.shape[0]), int(lean.lm_head.shape[1]), 6, True, lean.lm_head.dtype)
+        monkeypatch.setitem(decoder_module._HEAD_PACKED_BY_SHAPE, shape, False)
+        assert not decoder_module.head_in_slices(states, lean.lm_head, lean.lm_head_packed, helper)
+        monkeypatch.setitem(decoder_module._HEAD_PACKED_BY_SHAPE, shape, True)
+        assert decoder_module.head_in_slices(states, lean.lm_head, lean.lm_head_packed, helper)
+        before = helper._generation
+        logits, slices = decoder_module.sliced_head(states, lean.lm_head_packed, helper)
+        assert helper._generation == before + 1
+        expected = decoder_module.head_logits(states, lean.lm_head, lean.lm_head_packed, helper).float()
+        assert torch.equal(logits, expected)
+        width = slices.slice_width
+        assert width * decoder_module.HEAD_CHUNKS == logits.shape[1] and width % CDF_BLOCK == 0
+        peaks = logits.unflatten(1, (decoder_module.HEAD_CHUNKS, width)).amax(dim=-1)
+        assert torch.equal(slices.peaks, peaks)
+        torch.testing.assert_close(slices.weights, (logits - peaks.repeat_interleave(width, dim=1)).exp())
+        torch.testing.assert_close(slices.block_sums, slices.weights.unflatten(1, (-1, CDF_BLOCK)).sum(dim=-1))
+    finally:
+        helper.close()
+
+
+def test_the_engine_samples_the_same_tokens_with_the_weights_of_a_sliced_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded requests at temperature 1 decoded with the sampling weights made by the sliced head and with those
+    made by `choose_tokens` over the whole logits: the same tokens, logprobs within float32 rounding; a batch
+    with a greedy row takes no weights."""
+    import asyncio
+
+    from agentgym.inference import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "wants_forward_helper", lambda device: True)
+    made: list[bool] = []
+    sliced_head = decoder_module.sliced_head
+
+    def counted(*args: Any) -> Any:
+        made.append(True)
+        return sliced_head(*args)
+
+    monkeypatch.setattr(decoder_module, "sliced_head", counted)
+    prompts = [[1, *range(100 + 7 * row, 120 + 11 * row)] for row in range(4)]
+
+    async def generate(engine: Engine, temperature: float) -> list[Any]:
+        params = [SamplingParams(max_tokens=12, temperature=temperature, seed=row, ignore_eos=True) for row in range(4)]
+        outputs = await asyncio.gather(*(engine.generate(p, q) for p, q in zip(prompts, params, strict=True)))
+        return [output.samples[0] for output in outputs]
+
+    results = {}
+    for sliced in (True, False):
+        monkeypatch.setattr(decoder_module, "head_in_slices", lambda *args, sliced=sliced: sliced)
+        engine = Engine(tiny_model_dir(), device="cpu", max_batch_size=4)
+        try:
+            made.clear()
+            results[sliced] = asyncio.run(generate(engine, 1.0))
+            assert bool(made) == sliced
+            made.clear()
+            asyncio.run(generate(engine, 0.0))  # greedy rows: no weights asked for
+            assert not made
+        finally:
+            engine.close()
+    for with_slices, without in zip(results[True], results[False], strict=True):
+        assert with_slices.token_ids == without.token_ids
+        assert with_slices.logprobs == pytest.approx(without.logprobs, abs=1e-5)

@@ -24,7 +24,13 @@ from agentgym.inference.engine import (
     WeightLoadError,
     sample_tokens,
 )
-from agentgym.inference.sampling import CDF_BLOCK, _inverse_cdf_and_totals, choose_tokens
+from agentgym.inference.sampling import (
+    CDF_BLOCK,
+    SliceWeights,
+    _inverse_cdf_and_totals,
+    choose_tokens,
+    fill_slice_weights,
+)
 
 Rescore = Callable[[torch.nn.Module, list[int], list[int]], list[float]]
 TOLERANCE = 1e-4
@@ -363,6 +369,78 @@ def test_two_level_inverse_cdf_is_the_one_running_sum(columns: int) -> None:
         torch.testing.assert_close(totals, weights.sum(dim=-1))
 
 
+def slice_weights_of(logits: torch.Tensor, slices: int) -> SliceWeights:
+    """`SliceWeights` of `logits` cut into `slices` equal vocabulary slices, as the sliced LM head makes them."""
+    rows, vocab = logits.shape
+    width = vocab // slices
+    weights, block_sums = torch.empty_like(logits), logits.new_empty((rows, vocab // CDF_BLOCK))
+    peaks = logits.new_empty((rows, slices))
+    for index in range(slices):
+        columns = slice(index * width, (index + 1) * width)
+        blocks = slice(index * width // CDF_BLOCK, (index + 1) * width // CDF_BLOCK)
+        peaks[:, index] = fill_slice_weights(logits[:, columns], weights[:, columns], block_sums[:, blocks])
+    return SliceWeights(weights, peaks, block_sums, width)
+
+
+def test_chosen_tokens_from_slice_weights_rescale_each_slice_by_its_peak() -> None:
+    """Two slices of 256 columns. Logits log 1, log 2 at columns 10 and 300, log 1 at 500, -inf-like elsewhere;
+    slice 0's peak is log 1, slice 1's log 2: its weights are 1 and 1/2, its block sum 1.5, times exp(log 2 - log
+    2) = 1, and slice 0's 1 times exp(0 - log 2) = 1/2. The CDF is 1, 3, 4 of 4 (over exp(l - log 2): 0.5, 1.5,
+    2): a draw u below 0.25 picks 10, below 0.75 picks 300, else 500; each logprob is log softmax."""
+    rows = 64
+    logits = torch.full((rows, 512), -1e4)
+    logits[:, 10], logits[:, 300], logits[:, 500] = 0.0, math.log(2.0), 0.0
+    slices = slice_weights_of(logits, 2)
+    assert slices.peaks[0].tolist() == pytest.approx([0.0, math.log(2.0)])
+    assert slices.block_sums[0].tolist() == pytest.approx([1.0, 1.5])
+    generators = [torch.Generator().manual_seed(row) for row in range(rows)]
+    tokens, logprobs, log_normalizer = choose_tokens(logits, [1.0] * rows, [1.0] * rows, generators, slices)
+    draws = [float(torch.rand((), generator=torch.Generator().manual_seed(row))) for row in range(rows)]
+    expected = [10 if u < 0.25 else 300 if u < 0.75 else 500 for u in draws]
+    assert tokens.tolist() == expected and set(expected) == {10, 300, 500}
+    log_softmax = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
+    torch.testing.assert_close(logprobs, log_softmax, atol=1e-6, rtol=0)
+    torch.testing.assert_close(log_normalizer, torch.full((rows,), math.log(4.0)), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("scale", [0.05, 3.0, 30.0])
+def test_chosen_tokens_from_slice_weights_are_those_of_the_whole_vocabulary(scale: float) -> None:
+    """The same tokens as `choose_tokens` over the whole row with the same generators (float rounding aside),
+    logprobs and log-normalizers within float32 rounding; rows whose slices' peaks lie far apart included."""
+    generator = torch.Generator().manual_seed(int(scale * 100))
+    rows, slices = 48, 4
+    logits = torch.randn(rows, slices * 2 * CDF_BLOCK, generator=generator) * scale
+    logits[::3, 3 * 2 * CDF_BLOCK :] += 40.0  # the last slice far above the others in every third row
+
+    def generators() -> list[torch.Generator | None]:
+        return [torch.Generator().manual_seed(row) for row in range(rows)]
+
+    whole = choose_tokens(logits, [1.0] * rows, [1.0] * rows, generators())
+    sliced = choose_tokens(logits, [1.0] * rows, [1.0] * rows, generators(), slice_weights_of(logits, slices))
+    assert sliced[0].tolist() == whole[0].tolist()
+    torch.testing.assert_close(sliced[1], whole[1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(sliced[2], torch.logsumexp(logits, dim=-1), atol=1e-5, rtol=1e-6)
+    # A row at another temperature: the slices are left aside and the whole vocabulary is used.
+    mixed = choose_tokens(logits, [0.5] + [1.0] * (rows - 1), [1.0] * rows, generators(), slice_weights_of(logits, 4))
+    reference = choose_tokens(logits, [0.5] + [1.0] * (rows - 1), [1.0] * rows, generators())
+    assert mixed[0].tolist() == reference[0].tolist()
+
+
+def test_tokens_chosen_from_slice_weights_follow_the_softmax() -> None:
+    """20,000 draws over two slices whose peaks differ by log 4: the frequencies of the four likely tokens (two in
+    each slice) are their softmax probabilities 0.1, 0.1, 0.4, 0.4 (within 0.015)."""
+    draws = 20_000
+    logits = torch.full((draws, 2 * CDF_BLOCK), -1e4)
+    logits[:, 3], logits[:, 200] = 0.0, 0.0
+    logits[:, CDF_BLOCK + 7], logits[:, CDF_BLOCK + 100] = math.log(4.0), math.log(4.0)
+    torch.manual_seed(0)  # rows without a generator draw from the global one
+    tokens, _, _ = choose_tokens(logits, [1.0] * draws, [1.0] * draws, [None] * draws, slice_weights_of(logits, 2))
+    counts = torch.bincount(tokens, minlength=2 * CDF_BLOCK).float() / draws
+    likely = [3, 200, CDF_BLOCK + 7, CDF_BLOCK + 100]
+    assert counts[likely].tolist() == pytest.approx([0.1, 0.1, 0.4, 0.4], abs=0.015)
+    assert counts.sum().item() == pytest.approx(float(counts[likely].sum()))
+
+
 def test_chosen_tokens_of_a_mixed_batch_follow_each_rows_parameters() -> None:
     """A greedy row takes the argmax; tempered or nucleus rows draw as `sample_tokens` does with the same generator;
     every logprob is the untempered model's log softmax at the chosen token."""
@@ -412,7 +490,7 @@ async def test_a_crashed_worker_fails_the_requests_it_held_instead_of_leaving_th
     engine = fresh_engine
     forward = engine._forward
 
-    def failing(input_ids: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+    def failing(input_ids: torch.Tensor, *args: object, **kwargs: object) -> object:
         if (input_ids.shape[1] == 1) == (crash_in == "decode"):
             raise RuntimeError("a bug")
         return forward(input_ids, *args, **kwargs)  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from agentgym.inference.decoder import PrefixSegment, SharedPrefixes
 from agentgym.inference.kv import GrowingLayer, compaction, spare_columns
 from agentgym.inference.prefix_cache import BLOCK_SIZE, CachedPrefix, block_keys, common_prefix
-from agentgym.inference.sampling import SamplingParams, _sample_seed, choose_tokens
+from agentgym.inference.sampling import SamplingParams, SliceWeights, _sample_seed, choose_tokens
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -400,13 +400,17 @@ def shared_prefixes(sequences: list[_Sequence], mask: torch.Tensor) -> SharedPre
     return SharedPrefixes(segments, own_start, window, mask)
 
 
-def sample_next(sequences: list[_Sequence], logits: torch.Tensor, backend_tokenizer: Any) -> torch.Tensor:
-    """Pick each sequence's next token, record it with its raw logprob, and check the stop conditions."""
+def sample_next(
+    sequences: list[_Sequence], logits: torch.Tensor, backend_tokenizer: Any, slices: SliceWeights | None = None
+) -> torch.Tensor:
+    """Pick each sequence's next token (`choose_tokens`, with the logits' `slices` when the head gave them), record
+    it with its raw logprob, and check the stop conditions."""
     chosen, chosen_lp, log_normalizer = choose_tokens(
         logits,
         [s.params.temperature for s in sequences],
         [s.params.top_p for s in sequences],
         [s.generator for s in sequences],
+        slices,
     )
     tokens = chosen.tolist()
     token_lps = chosen_lp.tolist()

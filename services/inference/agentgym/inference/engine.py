@@ -112,6 +112,7 @@ from agentgym.inference.models import ModelError, load_tokenizer, resolve_model
 from agentgym.inference.prefix_cache import BLOCK_SIZE, PrefixCache
 from agentgym.inference.sampling import (
     SamplingParams,
+    SliceWeights,
     _nucleus,
     check_request,
     sample_tokens,
@@ -524,9 +525,12 @@ class Engine:
         positions: torch.Tensor,
         cache: Any,
         shared: SharedPrefixes | None = None,
-    ) -> torch.Tensor:
+        slice_weights: bool = False,
+    ) -> tuple[torch.Tensor, SliceWeights | None]:
+        """The logits at each row's last position; with `slice_weights`, also their sampling weights where the
+        lean forward computes them with a sliced head (`LeanDecoder.forward_sampling`)."""
         if self._lean is not None:
-            return self._lean.forward(input_ids, mask, positions, cache, shared)
+            return self._lean.forward_sampling(input_ids, mask, positions, cache, shared, slice_weights)
         out = self._model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -536,7 +540,7 @@ class Engine:
             **{self._cache_kw: cache},
         )
         logits: torch.Tensor = out.logits[:, -1, :].float()
-        return logits
+        return logits, None
 
     def _admit(self, requests: list[_Request]) -> None:
         """Prefill the new requests' prompts (past cached prefixes) and merge them into the running batch."""
@@ -605,7 +609,7 @@ class Engine:
         rows = len(group)
         input_ids, mask, positions, cached, width = prefill_inputs(group, self.pad_token_id, self.device)
         cache = self._new_cache(group, cached, width)
-        logits = self._forward(input_ids, mask, positions, cache)
+        logits, _ = self._forward(input_ids, mask, positions, cache)
         computed = sum(row.suffix for row in group)
         self.stats.prefill_batches += 1
         self.stats.prefill_rows += rows
@@ -676,19 +680,24 @@ class Engine:
             batch.shared_current = True
         ones = torch.ones((rows, 1), dtype=batch.mask.dtype, device=batch.mask.device)
         batch.mask = torch.cat([batch.mask, ones], dim=1)
-        logits = self._forward(
-            batch.next_tokens[:, None], batch.mask, batch.lengths[:, None], batch.cache, batch.shared
+        # Every row sampling at temperature 1 without a nucleus (a rollout's requests): the weights come with the
+        # logits, slice by slice, where the head is sliced (`sampling.SliceWeights`).
+        slice_weights = all(s.params.temperature == 1.0 and s.params.top_p >= 1.0 for s in batch.sequences)
+        logits, weights = self._forward(
+            batch.next_tokens[:, None], batch.mask, batch.lengths[:, None], batch.cache, batch.shared, slice_weights
         )
         batch.lengths = batch.lengths + 1
         self.stats.decode_steps += 1
         self.stats.decode_rows += rows
         self._decode_batches.inc()
         self._decode_sizes.observe(rows)
-        batch.next_tokens = self._sample(batch.sequences, logits)
+        batch.next_tokens = self._sample(batch.sequences, logits, weights)
         self._retire_finished()
 
-    def _sample(self, sequences: list[_Sequence], logits: torch.Tensor) -> torch.Tensor:
-        chosen = sample_next(sequences, logits, self._backend_tokenizer)
+    def _sample(
+        self, sequences: list[_Sequence], logits: torch.Tensor, slices: SliceWeights | None = None
+    ) -> torch.Tensor:
+        chosen = sample_next(sequences, logits, self._backend_tokenizer, slices)
         self.stats.generated_tokens += len(sequences)
         self.metrics.generated_tokens.inc(len(sequences))
         return chosen

@@ -78,11 +78,44 @@ LOG2_E = 1.0 / math.log(2.0)
 """log2(e): exp(x) = 2^(x log2 e)."""
 
 
+@dataclass(frozen=True)
+class SliceWeights:
+    """The CDF weights of `choose_tokens`, computed with the logits one vocabulary slice at a time (by the thread
+    that computed the slice's logits, while they are in its cache: `LeanDecoder`'s sliced LM head), each slice
+    against its own peak: for column j of slice s,
+
+        w_j = exp(l_j - p_s),   p_s = max of the row's logits in slice s,
+
+    and the sum of w over each block of `CDF_BLOCK` columns (every slice is a whole number of blocks).
+    `choose_tokens` rescales the block sums by exp(p_s - max_s p_s), and the chosen block's weights likewise: the
+    CDF of exp(l - max l), up to float rounding."""
+
+    weights: torch.Tensor
+    """[rows, vocab]."""
+    peaks: torch.Tensor
+    """[rows, slices]."""
+    block_sums: torch.Tensor
+    """[rows, vocab / CDF_BLOCK]."""
+    slice_width: int
+    """Columns of each slice, a multiple of `CDF_BLOCK`."""
+
+
+def fill_slice_weights(logits: torch.Tensor, weights: torch.Tensor, block_sums: torch.Tensor) -> torch.Tensor:
+    """Write one slice's weights exp(l - p) into `weights` and their block sums into `block_sums` (views of a
+    `SliceWeights`' tensors); return the slice's peaks p `[rows]`."""
+    peak = logits.amax(dim=-1, keepdim=True)
+    torch.sub(logits, peak, out=weights)
+    weights.mul_(LOG2_E).exp2_()
+    torch.sum(weights.unflatten(-1, (-1, CDF_BLOCK)), dim=-1, out=block_sums)
+    return peak.squeeze(1)
+
+
 def choose_tokens(
     logits: torch.Tensor,
     temperatures: Sequence[float],
     top_ps: Sequence[float],
     generators: Sequence[torch.Generator | None],
+    slices: SliceWeights | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each row's next token (temperature 0: the argmax; else drawn as `sample_tokens` draws), its raw logprob
     log softmax(logits)[token] and the row's log-normalizer (any token's logprob is its logit minus it), without a
@@ -93,7 +126,16 @@ def choose_tokens(
     w is softmax(l) up to each row's factor, so when every row samples at temperature 1 without a nucleus (a
     rollout's usual request) its CDF is walked directly: one exp pass and one summing pass over the logits (the
     block sums of the two-level inverse CDF give the normalizer too) instead of a log-softmax, a softmax and a
-    cumsum (`benchmarks/sampler_bench.py`)."""
+    cumsum (`benchmarks/sampler_bench.py`). Given the logits' `slices` (`SliceWeights`), such rows use their
+    weights instead of making them."""
+    if slices is not None and all(t == 1.0 and p >= 1.0 for t, p in zip(temperatures, top_ps, strict=True)):
+        top = slices.peaks.amax(dim=-1, keepdim=True)
+        factors = torch.sub(slices.peaks, top).mul_(LOG2_E).exp2_()  # exp(p_s - max p): each slice's rescaling
+        blocks = slices.block_sums * factors.repeat_interleave(slices.slice_width // CDF_BLOCK, dim=1)
+        uniforms = _uniforms(generators, logits.device)
+        tokens, totals = _choose_in_blocks(slices.weights, blocks, uniforms, factors, slices.slice_width)
+        log_normalizer = top.squeeze(1) + totals.log()
+        return tokens, logits.gather(1, tokens[:, None]).squeeze(1) - log_normalizer, log_normalizer
     peak = logits.amax(dim=-1, keepdim=True)
     # exp(x) as 2^(x log2 e): torch's vectorised exp2 takes ~half of exp's time on CPU (AVX2: 32 x 49,152 logits
     # 1.84 -> 1.22 ms with the multiplication), and the weights differ by rounding only (relative 2e-6 at most).
@@ -154,6 +196,20 @@ def _inverse_cdf_and_totals(weights: torch.Tensor, uniforms: torch.Tensor) -> tu
     blocks = weights[:, :whole].reshape(rows, -1, width).sum(dim=-1)
     if whole < columns:
         blocks = torch.cat((blocks, weights[:, whole:].sum(dim=-1, keepdim=True)), dim=1)
+    return _choose_in_blocks(weights, blocks, uniforms)
+
+
+def _choose_in_blocks(
+    weights: torch.Tensor,
+    blocks: torch.Tensor,
+    uniforms: torch.Tensor,
+    slice_factors: torch.Tensor | None = None,
+    slice_width: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_inverse_cdf_and_totals` from the block sums `blocks` of `weights` on; with `slice_factors` `[rows,
+    slices]`, the weights of the columns in slice s (`slice_width` columns each) are taken times its factor (the
+    block sums already are: `SliceWeights`)."""
+    columns, width = int(weights.shape[1]), CDF_BLOCK
     cumulative = blocks.cumsum(dim=-1)
     totals = cumulative[:, -1]
     targets = (uniforms.to(weights.dtype) * totals).unsqueeze(1)
@@ -163,6 +219,8 @@ def _inverse_cdf_and_totals(weights: torch.Tensor, uniforms: torch.Tensor) -> tu
     index = block * width + offsets  # [rows, width]: the chosen block's columns (past the last one in a short block)
     inside = index < columns
     inner = torch.where(inside, weights.gather(1, index.clamp(max=columns - 1)), 0.0)
+    if slice_factors is not None:  # the chosen block's slice's rescaling (a block lies in one slice)
+        inner = inner * slice_factors.gather(1, block * width // slice_width)
     column = torch.searchsorted(inner.cumsum(dim=-1), targets - before, right=True)
     last_positive = width - 1 - (inner > 0).flip(-1).to(torch.int8).argmax(dim=-1, keepdim=True)
     return (block * width + torch.minimum(column, last_positive)).squeeze(1), totals
