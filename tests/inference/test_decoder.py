@@ -382,6 +382,19 @@ def test_a_forward_helper_shares_the_heads_product_and_gives_the_same_logits(mon
     assert not helper._thread.is_alive()
 
 
+def counted_parts(helper: decoder_module.ForwardHelper, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of parts of each operation `helper` shares from now on (appended as they are run)."""
+    parts: list[int] = []
+    run = helper.run
+
+    def counted(jobs: list[Any]) -> list[Any]:
+        parts.append(len(jobs))
+        return run(jobs)
+
+    monkeypatch.setattr(helper, "run", counted)
+    return parts
+
+
 @pytest.mark.skipif(not decoder_module._onednn_bf16(), reason="oneDNN has no native bf16 matmul on this CPU")
 def test_packed_products_are_shared_by_chunks_of_rows_from_their_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
     """A packed projection and a packed MLP are split between two threads by chunks of their input's rows, each
@@ -421,14 +434,7 @@ def test_packed_products_are_shared_by_chunks_of_rows_from_their_threshold(monke
         )  # the MLP's (the projection: 57,600)
         products()
         assert helper._generation == 2, "from the threshold: one hand-off each"
-        parts: list[int] = []
-        run = helper.run
-
-        def counted(jobs: list[Any]) -> list[Any]:
-            parts.append(len(jobs))
-            return run(jobs)
-
-        monkeypatch.setattr(helper, "run", counted)
+        parts = counted_parts(helper, monkeypatch)
         monkeypatch.setattr(decoder_module, "PACKED_ROWS_PER_PART", 4)
         products()  # 15 rows by chunks of >= 4 rows: 3 chunks of 5
         assert parts == [3, 3]
@@ -495,14 +501,7 @@ def test_a_prefills_attention_is_shared_in_chunks_of_the_batch_by_its_size(monke
     macs = batch * heads * new * columns * head_dim
     monkeypatch.setattr(decoder_module, "SHARED_ATTENTION_MACS", 0)
     helper = decoder_module.ForwardHelper()
-    parts: list[int] = []
-    run = helper.run
-
-    def counted(jobs: list[Any]) -> list[Any]:
-        parts.append(len(jobs))
-        return run(jobs)
-
-    monkeypatch.setattr(helper, "run", counted)
+    parts = counted_parts(helper, monkeypatch)
     try:
         for part_macs, cap in ((macs, 8), (macs // 3, 8), (1, 8), (1, 4)):
             monkeypatch.setattr(decoder_module, "ATTENTION_PART_MACS", part_macs)
