@@ -674,7 +674,7 @@ def head_logits(
     (`_pack_float32`; shared with `helper` when given) where that was faster for this many rows when timed here."""
     if packed is None or x.dim() != 2:
         return _linear(x, weight)
-    shape = (int(weight.shape[0]), int(weight.shape[1]), int(x.shape[0]), helper is not None, weight.dtype)
+    shape = _head_shape(x, weight, helper is not None)
     use_packed = _HEAD_PACKED_BY_SHAPE.get(shape)
     if use_packed is None:
         use_packed, logits = _time_head_layouts(x, weight, packed, helper)
@@ -683,16 +683,20 @@ def head_logits(
     return _packed_product(x, packed, helper) if use_packed else _linear(x, weight)
 
 
+def _head_shape(x: torch.Tensor, weight: torch.Tensor, shared: bool) -> tuple[int, int, int, bool, torch.dtype]:
+    """The key of `_HEAD_PACKED_BY_SHAPE`: the head's (vocab, hidden), the rows, whether shared, the dtype."""
+    return int(weight.shape[0]), int(weight.shape[1]), int(x.shape[0]), shared, weight.dtype
+
+
 def head_in_slices(x: torch.Tensor, weight: torch.Tensor, packed: list[torch.Tensor], helper: ForwardHelper) -> bool:
     """Whether `head_logits` multiplies these rows by the `packed` vocabulary slices shared with `helper` (timed
     so for this many rows), and the slices are equal whole numbers of `CDF_BLOCK` columns: then `sliced_head`
     can give the sampling weights with the logits."""
-    shape = (int(weight.shape[0]), int(weight.shape[1]), int(x.shape[0]), True, weight.dtype)
     widths = {int(part.shape[0]) for part in packed}
     return (
         x.dim() == 2
         and len(packed) > 1
-        and _HEAD_PACKED_BY_SHAPE.get(shape) is True
+        and _HEAD_PACKED_BY_SHAPE.get(_head_shape(x, weight, shared=True)) is True
         and len(widths) == 1
         and widths.pop() % CDF_BLOCK == 0
     )

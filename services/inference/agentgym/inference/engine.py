@@ -116,6 +116,7 @@ from agentgym.inference.sampling import (
     _nucleus,
     check_request,
     sample_tokens,
+    walks_the_cdf,
 )
 from agentgym.inference.weights import (
     cache_argument,
@@ -682,7 +683,8 @@ class Engine:
         batch.mask = torch.cat([batch.mask, ones], dim=1)
         # Every row sampling at temperature 1 without a nucleus (a rollout's requests): the weights come with the
         # logits, slice by slice, where the head is sliced (`sampling.SliceWeights`).
-        slice_weights = all(s.params.temperature == 1.0 and s.params.top_p >= 1.0 for s in batch.sequences)
+        params = [s.params for s in batch.sequences]
+        slice_weights = walks_the_cdf([p.temperature for p in params], [p.top_p for p in params])
         logits, weights = self._forward(
             batch.next_tokens[:, None], batch.mask, batch.lengths[:, None], batch.cache, batch.shared, slice_weights
         )
