@@ -13,7 +13,7 @@ import torch
 from agentgym.inference import prefix_cache as prefix_cache_module
 from agentgym.inference.engine import Engine, EngineStats, SampleOutput, SamplingParams, _Prefill, _prefill_groups
 from agentgym.inference.kv import GrowingLayer, compaction
-from agentgym.inference.prefix_cache import PrefixCache
+from agentgym.inference.prefix_cache import CachedPrefix, KVFactory, PrefixCache
 
 Rescore = Callable[[torch.nn.Module, list[int], list[int]], list[float]]
 TOLERANCE = 1e-4
@@ -39,12 +39,19 @@ def snapshot(stats: EngineStats) -> EngineStats:
 # ---------------------------------------------------------------- the store
 
 
-def store(cache: PrefixCache, tokens: list[int], version: int = 0) -> bool:
-    def kv() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        keys = torch.tensor(tokens, dtype=torch.float32).view(1, len(tokens), 1)
+def store(
+    cache: PrefixCache, tokens: list[int], version: int = 0, asked: list[int] | None = None, room: int = 0
+) -> bool:
+    """Insert `tokens` with each token's id as its key (and minus it as its value); `asked` collects the starts
+    the cache asked the KV for."""
+
+    def kv(start: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        if asked is not None:
+            asked.append(start)
+        keys = torch.tensor(tokens[start:], dtype=torch.float32).view(1, len(tokens) - start, 1)
         return [keys], [-keys]
 
-    return cache.insert(tokens, version, kv)
+    return cache.insert(tokens, version, kv, room)
 
 
 def test_lookup_finds_the_longest_cached_prefix_to_the_token() -> None:
@@ -101,6 +108,67 @@ def test_lru_eviction_keeps_the_token_budget_and_hits_refresh_entries() -> None:
     assert not PrefixCache(max_tokens=0).enabled
 
 
+def held(entry: CachedPrefix | None) -> list[int]:
+    """The ids an entry's keys say it holds (`store` keys each token by its id), checked against its values."""
+    assert entry is not None
+    keys, values = entry.keys[0][0, :, 0], entry.values[0][0, :, 0]
+    assert values.tolist() == (-keys).tolist()
+    return [int(key) for key in keys.tolist()]
+
+
+def test_a_superseding_entry_writes_only_its_new_columns_into_the_room_of_the_one_it_supersedes() -> None:
+    cache = PrefixCache(max_tokens=1000, block_size=4)
+    prompt = list(range(100, 120))
+    asked: list[int] = []
+    assert store(cache, prompt, asked=asked, room=15)  # a prompt whose request may sample 16 tokens
+    first, _ = cache.lookup([*prompt, 0], 21, 0)
+    assert first is not None and (first.capacity, cache.tokens, asked) == (35, 35, [0])
+    finished = [*prompt, *range(500, 512)]  # 12 sampled ids fed back: within the room
+    assert store(cache, finished, asked=asked)
+    entry, length = cache.lookup([*finished, 0], 33, 0)
+    assert entry is not None and length == 32 and held(entry) == finished
+    assert asked == [0, 20]  # only the new columns' KV was asked for ...
+    assert entry.key_buffers[0].data_ptr() == first.key_buffers[0].data_ptr()  # ... and written after the old
+    assert (entry.capacity, cache.tokens, len(cache), cache.superseded) == (35, 35, 1, 1)
+    assert held(first) == prompt  # a superseded entry still read by a prefill is unchanged
+
+    # Past the room: new buffers, the old columns copied from the old entry's, the new ones asked for.
+    longer = [*finished, *range(600, 610)]
+    assert store(cache, longer, asked=asked, room=5)
+    entry, _ = cache.lookup([*longer, 0], 43, 0)
+    assert entry is not None and held(entry) == longer and asked == [0, 20, 32]
+    assert entry.key_buffers[0].data_ptr() != first.key_buffers[0].data_ptr()
+    assert (entry.capacity, cache.tokens, len(cache)) == (47, 47, 1)
+
+
+def test_two_continuations_of_one_entry_never_write_into_each_other() -> None:
+    cache = PrefixCache(max_tokens=1000, block_size=4)
+    prompt = list(range(100, 120))
+    asked: list[int] = []
+    assert store(cache, prompt, room=30)
+    a, b = [*prompt, *range(500, 508)], [*prompt, *range(700, 712)]
+    assert store(cache, a, asked=asked)  # supersedes the prompt: its room
+    assert store(cache, b, asked=asked)  # the prompt's entry is gone: a whole copy of its own
+    assert asked == [20, 0] and cache.superseded == 1
+    found_a, _ = cache.lookup([*a, 0], 29, 0)
+    found_b, _ = cache.lookup([*b, 0], 33, 0)
+    assert held(found_a) == a and held(found_b) == b
+    assert found_a is not None and found_b is not None and found_a.key_buffers[0] is not found_b.key_buffers[0]
+    assert cache.tokens == 50 + 32
+
+
+def test_room_counts_against_the_budget_and_never_past_it() -> None:
+    cache = PrefixCache(max_tokens=60, block_size=4)
+    a, b = list(range(100, 120)), list(range(200, 220))
+    assert store(cache, a, room=20) and store(cache, b, room=20)
+    assert (cache.tokens, len(cache), cache.evicted) == (40, 1, 1)  # 40 + 40 columns > 60: a evicted
+    assert cache.lookup([*a, 0], 21, 0) == (None, 0) and cache.lookup([*b, 0], 21, 0)[1] == 20
+    assert cache.clear() == 1
+    assert store(cache, list(range(300, 350)), room=40)
+    entry, _ = cache.lookup([*range(300, 350), 0], 51, 0)
+    assert entry is not None and entry.capacity == cache.tokens == 60  # the room cut at the budget
+
+
 def test_hash_collisions_never_serve_another_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(prefix_cache_module, "chain_key", lambda previous, block: 7)  # every block collides
     cache = PrefixCache(max_tokens=1000, block_size=4)
@@ -116,6 +184,12 @@ def test_hash_collisions_never_serve_another_prefix(monkeypatch: pytest.MonkeyPa
 # ---------------------------------------------------------------- KV layer and prefill grouping
 
 
+def live(layer: GrowingLayer) -> torch.Tensor:
+    """The layer's live keys (set once it holds any)."""
+    assert layer.keys is not None
+    return layer.keys
+
+
 def test_growing_layer_appends_in_place_and_copies_only_joining_and_moved_rows() -> None:
     layer = GrowingLayer()
     start = torch.arange(12, dtype=torch.float32).view(2, 1, 3, 2)
@@ -129,7 +203,7 @@ def test_growing_layer_appends_in_place_and_copies_only_joining_and_moved_rows()
         layer.update(extra, -extra)
     expected = torch.cat([start, step, *steps], dim=2)
     assert (
-        torch.equal(layer.keys, expected)
+        torch.equal(live(layer), expected)
         and layer.values is not None
         and torch.equal(layer.values[:, :, 4:], -expected[:, :, 4:])
     )
@@ -140,23 +214,23 @@ def test_growing_layer_appends_in_place_and_copies_only_joining_and_moved_rows()
         other.update(joining, -joining)
         layer.append_rows(other)
     assert (layer.rows, layer.columns) == (4, 110)
-    assert torch.equal(layer.keys[:2, :, -104:], expected)
-    assert torch.equal(layer.keys[2, :, -3:], short[0]) and torch.equal(layer.keys[3], wide[0])
+    assert torch.equal(live(layer)[:2, :, -104:], expected)
+    assert torch.equal(live(layer)[2, :, -3:], short[0]) and torch.equal(live(layer)[3], wide[0])
     # Rows 0 and 2 leave: the last row moves into row 0's place.
     order, gaps, moved = compaction([1, 3], 4)
     assert (order, gaps, moved) == ([3, 1], [0], [3])
-    before = layer.keys.clone()
+    before = live(layer).clone()
     layer.move_rows(gaps, moved, len(order))
-    assert torch.equal(layer.keys, before[order])
+    assert torch.equal(live(layer), before[order])
     layer.drop_leading(6)
-    assert torch.equal(layer.keys, before[order][:, :, 6:])
+    assert torch.equal(live(layer), before[order][:, :, 6:])
     layer.update(step, step)
-    assert torch.equal(layer.keys[:, :, :-1], before[order][:, :, 6:]) and torch.equal(
-        layer.keys[:, :, -1], step[:, :, 0]
+    assert torch.equal(live(layer)[:, :, :-1], before[order][:, :, 6:]) and torch.equal(
+        live(layer)[:, :, -1], step[:, :, 0]
     )
-    snapshot_keys = layer.keys.clone()
+    snapshot_keys = live(layer).clone()
     layer.select(torch.tensor([1, 1, 0]))
-    assert torch.equal(layer.keys, snapshot_keys[[1, 1, 0]])
+    assert torch.equal(live(layer), snapshot_keys[[1, 1, 0]])
 
 
 def test_prefill_groups_split_rows_of_very_different_lengths() -> None:
@@ -218,6 +292,32 @@ async def test_multi_turn_episodes_reuse_their_kv_without_changing_outputs(
             assert sample.token_ids == expected.token_ids
             assert close(sample.logprobs, expected.logprobs)
             assert close(sample.logprobs, rescore(cached.model, context, sample.token_ids))
+
+
+async def test_a_finished_turn_stores_only_its_sampled_tokens_after_its_prompt(
+    cached: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix_cache = cached.prefix_cache
+    insert = prefix_cache.insert
+    stored: list[tuple[int, list[int], int]] = []  # (ids, the starts their KV was asked from, room)
+
+    def spy(ids: list[int], version: int, kv: KVFactory, room: int = 0) -> bool:
+        asked: list[int] = []
+
+        def traced(start: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+            asked.append(start)
+            return kv(start)
+
+        stored.append((len(ids), asked, room))
+        return insert(ids, version, traced, room)
+
+    monkeypatch.setattr(prefix_cache, "insert", spy)
+    played = await play(cached, 7, SamplingParams(max_tokens=8, temperature=1.0, seed=5, ignore_eos=True), turns=2)
+    # Turn 1: its prompt (40) with room for 7 fed-back ids, then its context (47) written into that room; turn 2:
+    # its prompt (47 + 1 + 12) copied out of the context's full buffers, then its sampled ids into its room.
+    assert stored == [(40, [0], 7), (47, [40], 0), (60, [47], 7), (67, [60], 0)]
+    entry, length = prefix_cache.lookup([*played[1][0], *played[1][1].token_ids], 68, cached.policy_version)
+    assert entry is not None and length == 67 and entry.capacity == 67 and len(prefix_cache) == 1
 
 
 async def test_hits_of_different_lengths_join_a_running_batch_in_one_prefill(

@@ -620,7 +620,9 @@ class Engine:
         self.metrics.prefill_tokens.inc(computed)
         if self._caching:
             for r, row in enumerate(group):
-                self._store(row.ids, cache, mask, r)
+                # Room for what the row's sequences may sample: storing the finished context then writes only that.
+                room = row.request.params.max_tokens - 1 if row.request is not None else 0
+                self._store(row.ids, cache, mask, r, room)
         sequences = [seq for row in group for seq in row.sequences]
         if not sequences:
             return None
@@ -638,16 +640,21 @@ class Engine:
     def _new_cache(self, group: list[_Prefill], cached: int, width: int) -> Any:
         return new_cache(self._model.config, self._growable, group, cached, width)
 
-    def _store(self, ids: list[int], cache: Any, mask: torch.Tensor, row: int) -> None:
-        """Put the KV of `ids` (row `row` of `cache`, at the columns where `mask` is 1) in the prefix cache."""
+    def _store(self, ids: list[int], cache: Any, mask: torch.Tensor, row: int, room: int = 0) -> None:
+        """Put the KV of `ids` (row `row` of `cache`, at the columns where `mask` is 1) in the prefix cache, with
+        `room` for more tokens (`PrefixCache.insert`)."""
 
-        def kv() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        def kv(start: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
             columns = mask[row].nonzero().squeeze(1)
             assert columns.numel() == len(ids)
-            pairs = [layer.row(row, columns) for layer in cache.layers]
+            wanted: torch.Tensor | slice = columns[start:]
+            first, last = int(columns[start]), int(columns[-1])
+            if last - first == len(ids) - start - 1:  # consecutive (a turn's sampled tokens): views, no gather
+                wanted = slice(first, last + 1)
+            pairs = [layer.row(row, wanted) for layer in cache.layers]
             return [k for k, _ in pairs], [v for _, v in pairs]
 
-        self._prefix.insert(ids, self._version, kv)
+        self._prefix.insert(ids, self._version, kv, room)
 
     def _store_sequence(self, batch: _Batch, row: int, seq: _Sequence) -> None:
         """Cache a leaving sequence's KV: its prompt and sampled ids but the last (never fed to the model)."""

@@ -153,9 +153,12 @@ class GrowingLayer(DynamicLayer):
         self._rows, self._start, self._end = int(keys.shape[0]), 0, live
         self._expose()
 
-    def row(self, row: int, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copies of one row's keys/values at these live columns: `[kv_heads, len(columns), head_dim]`."""
+    def row(self, row: int, columns: torch.Tensor | slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """One row's keys/values at these live columns, `[kv_heads, columns, head_dim]`: views of a `slice` of
+        them (to be read before the layer changes), copies of an index tensor's."""
         assert self.keys is not None and self.values is not None
+        if isinstance(columns, slice):
+            return self.keys[row, :, columns], self.values[row, :, columns]
         return self.keys[row].index_select(1, columns), self.values[row].index_select(1, columns)
 
     def _allocate(

@@ -83,7 +83,9 @@ class InferenceMetrics:
             registry=r,
         )
         self.prefix_cache_tokens = Gauge(
-            "agentgym_inference_prefix_cache_tokens", "Tokens whose KV the prefix cache holds", registry=r
+            "agentgym_inference_prefix_cache_tokens",
+            "Columns of KV the prefix cache holds (its entries' tokens and the room kept after them)",
+            registry=r,
         )
         self.prefix_cache_capacity = Gauge(
             "agentgym_inference_prefix_cache_capacity_tokens",

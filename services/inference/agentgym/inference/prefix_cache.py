@@ -15,11 +15,21 @@ entry's ids are compared with the prompt before it is used: a hash collision can
 prefix's KV (it only shortens the match to the true common prefix).
 
 Bounded by a token budget: entries are kept in LRU order (a hit or a re-insert refreshes an entry) and the
-least recently used are evicted while the total exceeds `max_tokens`. An entry whose ids are a prefix of a
-newly inserted one is dropped (superseded: the new entry serves every prompt it served, as far), and an
+least recently used are evicted while the columns they hold exceed `max_tokens`. An entry whose ids are a prefix
+of a newly inserted one is dropped (superseded: the new entry serves every prompt it served, as far), and an
 insert already covered by an entry is not stored twice: a multi-turn episode keeps one entry, its latest
-context. Entries carry the policy version of the weights that computed them; `clear()` drops everything
-(the engine calls it when it swaps weights) and lookups skip entries of another version.
+context.
+
+Storage: an entry's keys/values are views of the first `length` columns of its buffers, which may have `room` for
+more (the engine stores a prompt after its prefill with room for the tokens its request may still sample). The
+entry that supersedes one takes its buffers over and writes only its new columns after the old ones when they fit
+(else new buffers, the old columns copied from the old ones): a turn's finished context is stored by writing its
+sampled tokens' KV after its prompt's, instead of copying the whole context again. Nothing ever writes a column
+an entry holds, so a superseded entry that a prefill still reads from stays valid. The budget counts the buffers'
+columns, room included.
+
+Entries carry the policy version of the weights that computed them; `clear()` drops everything (the engine calls
+it when it swaps weights) and lookups skip entries of another version.
 """
 
 from __future__ import annotations
@@ -66,20 +76,34 @@ def common_prefix(a: Sequence[int], b: Sequence[int], start: int = 0, stop: int 
 
 @dataclass(eq=False)
 class CachedPrefix:
-    """The KV of `ids`: one `[kv_heads, len(ids), head_dim]` key and value tensor per layer."""
+    """The KV of `ids`: one `[kv_heads, len(ids), head_dim]` key and value tensor per layer (views of the first
+    `len(ids)` columns of `key_buffers` / `value_buffers`, `[kv_heads, capacity, head_dim]` each)."""
 
     ids: list[int]
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
+    key_buffers: list[torch.Tensor] = field(repr=False)
+    value_buffers: list[torch.Tensor] = field(repr=False)
     version: int
     block_keys: list[int] = field(repr=False)
+    keys: list[torch.Tensor] = field(init=False, repr=False)
+    values: list[torch.Tensor] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.keys = [buffer[:, : self.length] for buffer in self.key_buffers]
+        self.values = [buffer[:, : self.length] for buffer in self.value_buffers]
 
     @property
     def length(self) -> int:
         return len(self.ids)
 
+    @property
+    def capacity(self) -> int:
+        """Columns of its buffers, room included: what it counts against the cache's budget."""
+        return int(self.key_buffers[0].shape[1])
 
-KVFactory = Callable[[], tuple[list[torch.Tensor], list[torch.Tensor]]]
+
+KVFactory = Callable[[int], tuple[list[torch.Tensor], list[torch.Tensor]]]
+"""`kv(start)`: the keys and values of the inserted ids from `start` on, `[kv_heads, len(ids) - start, head_dim]`
+per layer."""
 
 
 class PrefixCache:
@@ -93,6 +117,7 @@ class PrefixCache:
         self.max_tokens = max_tokens
         self.block_size = block_size
         self.tokens = 0
+        """Columns of KV held, spare ones included (bounded by `max_tokens`)."""
         self.evicted = 0
         """Entries dropped to stay within the token budget (cumulative)."""
         self.superseded = 0
@@ -119,9 +144,11 @@ class PrefixCache:
         self._entries.move_to_end(key)
         return best, length
 
-    def insert(self, ids: list[int], version: int, kv: KVFactory) -> bool:
-        """Keep the KV of `ids` (`kv()` returns it, called only when it is stored); False when not stored
-        (too short, over the budget alone, or already covered by an entry, which is refreshed instead)."""
+    def insert(self, ids: list[int], version: int, kv: KVFactory, room: int = 0) -> bool:
+        """Keep the KV of `ids` (`kv(start)` returns it from `start` on, called only when it is stored: from
+        where a superseded entry's KV ends, else 0), in new buffers with `room` columns more unless a superseded
+        entry's buffers hold it; False when not stored (too short, over the budget alone, or already covered by
+        an entry, which is refreshed instead)."""
         n = len(ids)
         if n < self.block_size or n > self.max_tokens:
             return False
@@ -130,26 +157,53 @@ class PrefixCache:
             self._entries.move_to_end(key)
             return False
         keys = block_keys(ids, self.block_size)
+        base: CachedPrefix | None = None  # the longest superseded entry: its KV is this one's first columns
         for block_key in keys:  # entries that are a prefix of this one end at one of its blocks
             for other in list(self._ends.get(block_key, ())):
                 entry = self._entries[other]
                 if entry.length <= n and entry.version == version and entry.ids == ids[: entry.length]:
                     self._remove(other)
                     self.superseded += 1
-        stored_keys, stored_values = kv()
-        entry = CachedPrefix(list(ids), stored_keys, stored_values, version, keys)
+                    if base is None or entry.length > base.length:
+                        base = entry
+        key_buffers, value_buffers = self._buffers(base, n, kv, room)
+        entry = CachedPrefix(list(ids), key_buffers, value_buffers, version, keys)
         entry_id = self._next_id
         self._next_id += 1
         self._entries[entry_id] = entry
         for block_key in keys:
             self._holders.setdefault(block_key, {})[entry_id] = None
         self._ends.setdefault(keys[-1], {})[entry_id] = None
-        self.tokens += n
+        self.tokens += entry.capacity
         while self.tokens > self.max_tokens:
             oldest = next(iter(self._entries))
             self._remove(oldest)
             self.evicted += 1
         return True
+
+    def _buffers(
+        self, base: CachedPrefix | None, length: int, kv: KVFactory, room: int
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Buffers holding the KV of an entry of `length` tokens whose first `base.length` are `base`'s: `base`'s
+        own with the new columns written after its own when they fit (it was just removed from the index: nothing
+        else writes there), else new ones of `length + room` columns (at most the budget)."""
+        start = 0 if base is None else base.length
+        new_keys, new_values = kv(start)
+        if base is not None and base.capacity >= length:
+            for buffer, part in zip(base.key_buffers + base.value_buffers, new_keys + new_values, strict=True):
+                buffer[:, start:length].copy_(part)
+            return base.key_buffers, base.value_buffers
+        capacity = min(self.max_tokens, length + max(room, 0))
+        old_keys, old_values = ([], []) if base is None else (base.keys, base.values)
+        buffers: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+        for layers, parts, olds in ((buffers[0], new_keys, old_keys), (buffers[1], new_values, old_values)):
+            for index, part in enumerate(parts):
+                buffer = part.new_empty((part.shape[0], capacity, part.shape[2]))
+                if start:
+                    buffer[:, :start].copy_(olds[index])
+                buffer[:, start:length].copy_(part)
+                layers.append(buffer)
+        return buffers
 
     def clear(self) -> int:
         """Drop every entry; returns how many there were."""
@@ -198,7 +252,7 @@ class PrefixCache:
 
     def _remove(self, entry_id: int) -> None:
         entry = self._entries.pop(entry_id)
-        self.tokens -= entry.length
+        self.tokens -= entry.capacity
         for block_key in entry.block_keys:
             holders = self._holders.get(block_key)
             if holders is not None:
