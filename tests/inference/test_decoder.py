@@ -330,10 +330,10 @@ def test_the_lm_head_is_timed_once_per_row_count_and_either_layout_gives_its_log
     expected = torch.nn.functional.linear(states, head)
     timed = decoder_module.head_logits(states, head, packed)
     decided = decoder_module._HEAD_PACKED_BY_SHAPE
-    assert list(decided) == [(1000, 64, 4, False, torch.float32)]
+    assert list(decided) == [(1000, 64, 4, torch.float32)]
     torch.testing.assert_close(timed, expected, atol=1e-5, rtol=1e-5)
     for use_packed in (False, True):  # the layout a row count was given is the one it runs
-        decided[(1000, 64, 4, False, torch.float32)] = use_packed
+        decided[(1000, 64, 4, torch.float32)] = use_packed
         logits = decoder_module.head_logits(states, head, packed)
         assert logits.shape == (4, 1000)
         if use_packed:
@@ -342,7 +342,7 @@ def test_the_lm_head_is_timed_once_per_row_count_and_either_layout_gives_its_log
         else:
             assert torch.equal(logits, expected)
     decoder_module.head_logits(states[:2], head, packed)  # another row count is timed on its own
-    assert sorted(rows for _, _, rows, _, _ in decided) == [2, 4]
+    assert sorted(rows for _, _, rows, _ in decided) == [2, 4]
     assert decoder_module.head_logits(states, head) is not None and len(decided) == 2  # no packed copy: not timed
 
 
@@ -363,20 +363,20 @@ def test_a_forward_helper_shares_the_heads_product_and_gives_the_same_logits(mon
     assert slices is not None and len(slices) == decoder_module.HEAD_CHUNKS
     helper = decoder_module.ForwardHelper()
     try:
-        for rows in (1, 3, 8, 32, 3):  # a row count seen again reuses its timed layout
+        for rows in (1, 3, 8, 32):
             states = torch.randn(rows, 64, generator=generator)
-            one_thread = torch.cat([decoder_module._linear(states, part) for part in slices], dim=1)
+            one_thread = decoder_module._packed_product(states, slices)
             shared = helper.product(states, slices)
             assert torch.equal(shared, one_thread) and shared.shape == (rows, 1000)
             torch.testing.assert_close(shared, torch.nn.functional.linear(states, head), atol=1e-5, rtol=1e-5)
-            logits = decoder_module.head_logits(states, head, slices, helper)
-            torch.testing.assert_close(logits, one_thread, atol=1e-5, rtol=1e-5)
-        assert sorted(key[2] for key in decoder_module._HEAD_PACKED_BY_SHAPE) == [1, 3, 8, 32]
-        assert all(key[3] for key in decoder_module._HEAD_PACKED_BY_SHAPE)  # timed as shared, apart from alone
+            before = helper._generation
+            assert torch.equal(decoder_module.head_logits(states, head, slices, helper), one_thread)
+            assert helper._generation == before + 1  # the head's product went to the helper's slices
+        assert decoder_module._HEAD_PACKED_BY_SHAPE == {}  # with a helper, its slices untimed
         with pytest.raises(RuntimeError):  # a failed product reaches the caller; the helper serves the next one
             helper.product(torch.randn(2, 65, generator=generator), slices)
         states = torch.randn(2, 64, generator=generator)
-        assert torch.equal(helper.product(states, slices), decoder_module._packed_product(states, slices, None))
+        assert torch.equal(helper.product(states, slices), decoder_module._packed_product(states, slices))
     finally:
         helper.close()
     assert not helper._thread.is_alive()
@@ -669,8 +669,8 @@ def test_bf16_attention_is_timed_once_per_shape_and_either_way_is_the_float32_fo
 def test_a_packed_bf16_head_is_sliced_for_a_helper_and_either_layout_gives_its_logits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """With a helper, a packed bf16 head also keeps `HEAD_CHUNKS` packed vocabulary slices to share; the faster of
-    the two is timed per row count (apart from float32 heads of the same shape), and both give the head's logits."""
+    """With a helper, a packed bf16 head also keeps `HEAD_CHUNKS` packed vocabulary slices, which the head's product
+    is shared by (untimed); without one, the whole packed matrix. Both give the head's logits."""
     monkeypatch.setattr(decoder_module, "_HEAD_PACKED_BY_SHAPE", {})
     helper = decoder_module.ForwardHelper()
     try:
@@ -683,22 +683,23 @@ def test_a_packed_bf16_head_is_sliced_for_a_helper_and_either_layout_gives_its_l
         assert [part.is_mkldnn for part in shared.lm_head_packed] == [True] * decoder_module.HEAD_CHUNKS
         states = torch.randn(3, head.shape[1], generator=torch.Generator().manual_seed(7)).bfloat16()
         expected = states.float() @ head.T  # float32 sums of the bf16 products; each kernel rounds once to bf16
-        for use_packed in (None, False, True):  # timed on first use, then each layout as decided
-            key = (int(head.shape[0]), int(head.shape[1]), 3, True, torch.bfloat16)
-            if use_packed is not None:
-                decoder_module._HEAD_PACKED_BY_SHAPE[key] = use_packed
-            logits = decoder_module.head_logits(states, shared.lm_head, shared.lm_head_packed, helper)
-            assert list(decoder_module._HEAD_PACKED_BY_SHAPE) == [key]
+        before = helper._generation
+        sliced = decoder_module.head_logits(states, shared.lm_head, shared.lm_head_packed, helper)
+        assert helper._generation == before + 1
+        assert torch.equal(sliced, decoder_module._packed_product(states, shared.lm_head_packed))
+        whole = decoder_module.head_logits(states, alone.lm_head, alone.lm_head_packed)
+        for logits in (sliced, whole):
             assert logits.shape == expected.shape
             torch.testing.assert_close(logits.float(), expected, atol=1e-2, rtol=2**-7)
+        assert decoder_module._HEAD_PACKED_BY_SHAPE == {}  # nothing timed
     finally:
         helper.close()
 
 
-def test_a_sliced_head_gives_the_heads_logits_and_their_sampling_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_sliced_head_gives_the_heads_logits_and_their_sampling_weights() -> None:
     """The head multiplied by its packed vocabulary slices on two threads, each writing its logits and their
     sampling weights (`sampling.SliceWeights`): the logits of `head_logits` exactly, weights exp(l - slice peak),
-    block sums of them; only for a row count the head was timed to multiply in slices."""
+    block sums of them; only for equal slices of whole `CDF_BLOCK`s."""
     from agentgym.inference.sampling import CDF_BLOCK
 
     helper = decoder_module.ForwardHelper()
@@ -707,11 +708,13 @@ def test_a_sliced_head_gives_the_heads_logits_and_their_sampling_weights(monkeyp
         lean = LeanDecoder.for_model(model, helper=helper)
         assert lean is not None and lean.lm_head_packed is not None
         states = torch.randn(6, int(model.config.hidden_size), generator=torch.Generator().manual_seed(8))
-        shape = (int(lean.lm_head.shape[0]), int(lean.lm_head.shape[1]), 6, True, lean.lm_head.dtype)
-        monkeypatch.setitem(decoder_module._HEAD_PACKED_BY_SHAPE, shape, False)
-        assert not decoder_module.head_in_slices(states, lean.lm_head, lean.lm_head_packed, helper)
-        monkeypatch.setitem(decoder_module._HEAD_PACKED_BY_SHAPE, shape, True)
-        assert decoder_module.head_in_slices(states, lean.lm_head, lean.lm_head_packed, helper)
+        assert decoder_module.head_in_slices(states, lean.lm_head_packed)
+        assert not decoder_module.head_in_slices(states[None], lean.lm_head_packed)  # not one row a sequence
+        assert not decoder_module.head_in_slices(states, lean.lm_head_packed[:1])  # one slice: nothing shared
+        odd = decoder_module._pack_float32(torch.randn(CDF_BLOCK + 8, int(model.config.hidden_size)))
+        assert odd is not None  # slices of unequal widths, or not whole blocks: weights made by the sampler
+        assert not decoder_module.head_in_slices(states, [*lean.lm_head_packed[:-1], *odd])
+        assert not decoder_module.head_in_slices(states, [*odd, *odd])
         before = helper._generation
         logits, slices = decoder_module.sliced_head(states, lean.lm_head_packed, helper)
         assert helper._generation == before + 1

@@ -40,7 +40,8 @@ load (`_pack_float32`; the same logits summed in another order). On the 2-core A
 model's 49,152-row head at 4.5 ms for one row, 10-12 ms for 2-8 rows and 19.9 ms for 32, oneDNN's packed copy at
 3.5, 3.1-5.9 and 13.2 ms (SmolLM2's head at 32 rows: 39.5 against 30.5 ms); the layers' small matrices gained
 nothing from packing and stay plain. Each row count is timed once per process on its first use (both layouts,
-alternately) and the faster one kept. The packed copy costs the head's size once more in memory (tiny model 50 MB,
+alternately) and the faster one kept; with a helper (below) the head is multiplied by its shared packed slices,
+untimed. The packed copy costs the head's size once more in memory (tiny model 50 MB,
 SmolLM2 113 MB; a tied head's plain matrix is the embedding and stays either way).
 
 With one intra-op thread on a machine of two or more cores (the engine's default on 2 cores: the usable cores but
@@ -60,8 +61,10 @@ operations stay on one thread (`SHARED_PRODUCT_MACS`, `SHARED_PRODUCT_WEIGHTS`, 
 `SHARED_MLP_MACS`, `SHARED_PACKED_MACS`): the helper's wake-up (~0.05-0.1 ms) would cost more than the half it would
 take. With another process keeping a core busy the two threads share the core left, and sharing cost ~6 % on the
 tiny model's rollout step (`benchmarks/rollout_engines_bench.py --contention`).
-Re-timing the head's layouts every 500 products, to follow such a neighbour, measured within that noise under
-contention and lost half the gain without it, so each row count is timed once.
+The head's shared slices are not timed against one thread's whole matrix (`head_logits`): they win by 15-60 %
+with the core free and lose 7-10 % beside a busy one, and a timing taken during a neighbour's burst kept the loser
+for the process's life (re-timing every 500 products measured within the noise under contention and lost half the
+gain without it).
 
 A decode step given the prefixes its rows share (`SharedPrefixes`, found by `batching.shared_prefixes`) reads each
 of them once for all the rows sharing it (`cascade_attention`): each row attends the prefix and its own columns
@@ -659,9 +662,9 @@ def attention_in_float32(heads: int, kv_heads: int, head_dim: int, dtype: torch.
 HEAD_TIMING_RUNS = 3
 """Runs of each layout when a row count's head product is timed; the medians are compared."""
 
-_HEAD_PACKED_BY_SHAPE: dict[tuple[int, int, int, bool, torch.dtype], bool] = {}
-"""(vocab, hidden, rows, shared with a helper, dtype) -> whether the packed slices beat the whole matrix when timed
-here."""
+_HEAD_PACKED_BY_SHAPE: dict[tuple[int, int, int, torch.dtype], bool] = {}
+"""(vocab, hidden, rows, dtype) -> whether the packed copy beat the plain matrix when timed here (a head multiplied
+on one thread)."""
 
 
 def head_logits(
@@ -670,36 +673,34 @@ def head_logits(
     packed: list[torch.Tensor] | None = None,
     helper: ForwardHelper | None = None,
 ) -> torch.Tensor:
-    """`x W^T` for the LM head's `[rows, hidden]` states: with the plain `weight`, or with its `packed` slices
-    (`_pack_float32`; shared with `helper` when given) where that was faster for this many rows when timed here."""
+    """`x W^T` for the LM head's `[rows, hidden]` states: by its `packed` vocabulary slices shared with `helper`
+    when there are both; else with the plain `weight`, or with its `packed` copy (`_pack_float32`) where that was
+    faster for this many rows when timed here.
+
+    Shared slices are not timed against the whole matrix: on the 2-core EPYC they multiply the tiny model's head
+    1.15-1.6x faster than one thread (1 to 32 rows) and 0.90-0.93x as fast while another process keeps a core
+    busy, so a timing taken during a neighbour's burst, which once per process used to decide it, could keep the
+    slower layout for a server's life: one in seven in-process rollout steps ran 25 % slower so (3.75 against
+    3.0 s), without the slices' sampling weights (`head_in_slices`)."""
     if packed is None or x.dim() != 2:
         return _linear(x, weight)
-    shape = _head_shape(x, weight, helper is not None)
+    if helper is not None and len(packed) > 1:
+        return helper.product(x, packed)
+    shape = (int(weight.shape[0]), int(weight.shape[1]), int(x.shape[0]), weight.dtype)
     use_packed = _HEAD_PACKED_BY_SHAPE.get(shape)
     if use_packed is None:
-        use_packed, logits = _time_head_layouts(x, weight, packed, helper)
+        use_packed, logits = _time_head_layouts(x, weight, packed)
         _HEAD_PACKED_BY_SHAPE[shape] = use_packed
         return logits
-    return _packed_product(x, packed, helper) if use_packed else _linear(x, weight)
+    return _packed_product(x, packed) if use_packed else _linear(x, weight)
 
 
-def _head_shape(x: torch.Tensor, weight: torch.Tensor, shared: bool) -> tuple[int, int, int, bool, torch.dtype]:
-    """The key of `_HEAD_PACKED_BY_SHAPE`: the head's (vocab, hidden), the rows, whether shared, the dtype."""
-    return int(weight.shape[0]), int(weight.shape[1]), int(x.shape[0]), shared, weight.dtype
-
-
-def head_in_slices(x: torch.Tensor, weight: torch.Tensor, packed: list[torch.Tensor], helper: ForwardHelper) -> bool:
-    """Whether `head_logits` multiplies these rows by the `packed` vocabulary slices shared with `helper` (timed
-    so for this many rows), and the slices are equal whole numbers of `CDF_BLOCK` columns: then `sliced_head`
-    can give the sampling weights with the logits."""
+def head_in_slices(x: torch.Tensor, packed: list[torch.Tensor]) -> bool:
+    """Whether `head_logits` multiplies these rows by `packed` vocabulary slices shared with a helper and the
+    slices are equal whole numbers of `CDF_BLOCK` columns: then `sliced_head` can give the sampling weights with
+    the logits."""
     widths = {int(part.shape[0]) for part in packed}
-    return (
-        x.dim() == 2
-        and len(packed) > 1
-        and _HEAD_PACKED_BY_SHAPE.get(_head_shape(x, weight, shared=True)) is True
-        and len(widths) == 1
-        and widths.pop() % CDF_BLOCK == 0
-    )
+    return x.dim() == 2 and len(packed) > 1 and len(widths) == 1 and widths.pop() % CDF_BLOCK == 0
 
 
 def sliced_head(
@@ -727,23 +728,20 @@ def sliced_head(
     return logits, SliceWeights(weights, peaks, block_sums, width)
 
 
-def _packed_product(x: torch.Tensor, packed: list[torch.Tensor], helper: ForwardHelper | None) -> torch.Tensor:
-    if helper is not None and len(packed) > 1:
-        return helper.product(x, packed)
+def _packed_product(x: torch.Tensor, packed: list[torch.Tensor]) -> torch.Tensor:
+    """`x W^T` by the packed slices of W on this thread."""
     return torch.cat([_linear(x, part) for part in packed], dim=1) if len(packed) > 1 else _linear(x, packed[0])
 
 
-def _time_head_layouts(
-    x: torch.Tensor, weight: torch.Tensor, packed: list[torch.Tensor], helper: ForwardHelper | None
-) -> tuple[bool, torch.Tensor]:
-    """Whether the packed slices multiply `x` faster than the plain `weight` (medians of `HEAD_TIMING_RUNS`
+def _time_head_layouts(x: torch.Tensor, weight: torch.Tensor, packed: list[torch.Tensor]) -> tuple[bool, torch.Tensor]:
+    """Whether the packed copy multiplies `x` faster than the plain `weight` (medians of `HEAD_TIMING_RUNS`
     alternating runs each), and the logits of the last run."""
     seconds: dict[bool, list[float]] = {False: [], True: []}
     logits = x.new_empty(0)
     for _ in range(HEAD_TIMING_RUNS):
         for use_packed in (False, True):
             start = time.perf_counter()
-            logits = _packed_product(x, packed, helper) if use_packed else _linear(x, weight)
+            logits = _packed_product(x, packed) if use_packed else _linear(x, weight)
             seconds[use_packed].append(time.perf_counter() - start)
     return statistics.median(seconds[True]) < statistics.median(seconds[False]), logits
 
@@ -905,7 +903,7 @@ class LeanDecoder:
         last = F.rms_norm(hidden[:, -1], size, self.norm, self.eps)
         last = last if low is None else last.to(low)
         helper, packed = self.helper, self.lm_head_packed
-        if slice_weights and helper and packed and head_in_slices(last, self.lm_head, packed, helper):
+        if slice_weights and helper and packed and head_in_slices(last, packed):
             return sliced_head(last, packed, helper)
         return head_logits(last, self.lm_head, self.lm_head_packed, self.helper).float(), None
 
