@@ -50,10 +50,11 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from contextlib import AsyncExitStack, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import aiohttp
 import httpx
@@ -398,7 +399,7 @@ def measure_model(model: str, engines: list[str], run: TrainingRun, env_url: str
             urls[engine] = stack.enter_context(engine_server(engine, run, model, folder, env_url))
             asyncio.run(play(engine, requests(4, 2, 8, group=1), urls[engine], env_url, chat, context))  # warm-up
             print(f"  {engine}: up and warm in {time.perf_counter() - started:.0f} s", flush=True)
-        vocab = len(chat.tokenizer)
+        vocab = len(cast(Sized, chat.tokenizer))  # a Hugging Face tokenizer: its vocabulary size
         for engine in engines:  # one request alone: single-stream decode speed and a 256-token prefill
             figures[engine].decode_tps, figures[engine].prefill_s = single_stream(engine, urls[engine], vocab)
             print(

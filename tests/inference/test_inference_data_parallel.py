@@ -252,7 +252,7 @@ def wait_for(condition: Callable[[], bool], timeout: float = 120.0) -> None:
 
 
 def replicas_state(url: str) -> list[dict[str, Any]]:
-    return httpx.get(f"{url}/health", timeout=5).json()["replicas"]  # type: ignore[no-any-return]
+    return httpx.get(f"{url}/health", timeout=5).json()["replicas"]
 
 
 @pytest.mark.slow

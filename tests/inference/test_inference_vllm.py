@@ -54,7 +54,7 @@ class FakeVLLM:
         if path == "/v1/models":
             return web.json_response({"object": "list", "data": [{"id": "policy", "object": "model"}]})
         if path == "/v1/completions":
-            return web.json_response(self.completion(body))
+            return web.json_response(self.completion(body or {}))
         if path == "/weight_info":
             return web.json_response({"weight_version": self.weight_version})
         if path in ("/pause", "/resume"):
