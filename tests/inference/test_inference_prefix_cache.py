@@ -157,6 +157,20 @@ def test_two_continuations_of_one_entry_never_write_into_each_other() -> None:
     assert cache.tokens == 50 + 32
 
 
+def test_an_equal_entry_the_lookup_missed_is_superseded_with_no_new_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lookups compare the few most recent holders of a block only: an older entry with the very same ids can be
+    missed as covering and then superseded, leaving nothing new to write."""
+    monkeypatch.setattr(prefix_cache_module, "_CANDIDATES", 0)  # every lookup misses
+    cache = PrefixCache(max_tokens=1000, block_size=4)
+    tokens = list(range(100, 120))
+    asked: list[int] = []
+    assert store(cache, tokens, asked=asked, room=5) and store(cache, tokens, asked=asked)
+    assert asked == [0, 20] and (len(cache), cache.superseded, cache.tokens) == (1, 1, 25)
+    monkeypatch.setattr(prefix_cache_module, "_CANDIDATES", 16)
+    entry, length = cache.lookup([*tokens, 0], 21, 0)
+    assert length == 20 and held(entry) == tokens
+
+
 def test_room_counts_against_the_budget_and_never_past_it() -> None:
     cache = PrefixCache(max_tokens=60, block_size=4)
     a, b = list(range(100, 120)), list(range(200, 220))

@@ -648,9 +648,9 @@ class Engine:
             columns = mask[row].nonzero().squeeze(1)
             assert columns.numel() == len(ids)
             wanted: torch.Tensor | slice = columns[start:]
-            first, last = int(columns[start]), int(columns[-1])
-            if last - first == len(ids) - start - 1:  # consecutive (a turn's sampled tokens): views, no gather
-                wanted = slice(first, last + 1)
+            count = len(ids) - start
+            if count and int(columns[-1]) - int(columns[start]) == count - 1:  # consecutive: views, no gather
+                wanted = slice(int(columns[start]), int(columns[-1]) + 1)
             pairs = [layer.row(row, wanted) for layer in cache.layers]
             return [k for k, _ in pairs], [v for _, v in pairs]
 

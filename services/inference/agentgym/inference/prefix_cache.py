@@ -117,7 +117,7 @@ class PrefixCache:
         self.max_tokens = max_tokens
         self.block_size = block_size
         self.tokens = 0
-        """Columns of KV held, spare ones included (bounded by `max_tokens`)."""
+        """Columns of KV held, room included (bounded by `max_tokens`)."""
         self.evicted = 0
         """Entries dropped to stay within the token budget (cumulative)."""
         self.superseded = 0
