@@ -11,14 +11,6 @@ made ``exp`` over such a tensor 3x slower than the same op writing into a reused
 `retain_freed_memory` raises the mmap threshold and the trim threshold to ``limit`` bytes
 (``mallopt``): allocations up to ``limit`` come from malloc's heap and freed ones stay there for
 reuse; at most about ``limit`` bytes of free memory at the heap's top are kept rather than returned.
-Threads other than the main one allocate from arenas made of 64 MiB heaps, and glibc unmaps such a
-heap as soon as all of it is free, whatever the trim threshold, unless its top pad is at least a
-heap's size: so the top pad is raised to that too (``THREAD_HEAP_BYTES``). An inference engine's
-thread frees and remakes its batch's KV cache (tens to hundreds of MB) every few turns and its
-prefix cache at every weight swap; without the pad the quickstart's rollout step (in process, the
-prefix cache cleared between steps as a swap does) took 10k-75k fresh-page faults (~14 us each on
-a 2-core VM), with it 0.3k-14k, and a step 2.89 -> 2.71 s (medians of 8). The pad is address
-space, not memory: heaps grow by it, pages count only once touched.
 The process then holds its peak working set instead of giving it back between steps, which is what
 a trainer or an inference engine wants (the same trade as jemalloc's or tcmalloc's retention, which
 PyTorch's CPU performance guides recommend). Linux with glibc only; elsewhere it does nothing.
@@ -39,14 +31,10 @@ __all__ = ["DISABLE_VARIABLE", "RETAINED_BYTES", "retain_freed_memory"]
 RETAINED_BYTES = 1 << 30
 """Allocations up to 1 GiB are served from the heap, and up to 1 GiB of freed memory at its top is kept."""
 
-THREAD_HEAP_BYTES = 64 << 20
-"""glibc's largest heap of a thread arena on 64-bit (HEAP_MAX_SIZE): the top pad that keeps empty ones mapped."""
-
 DISABLE_VARIABLE = "AGENTGYM_RETAIN_FREED_MEMORY"
 
 # mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
-_M_TOP_PAD = -2
 _M_MMAP_THRESHOLD = -3
 
 _lock = threading.Lock()
@@ -67,9 +55,7 @@ def _set_thresholds(libc: ctypes.CDLL, value: int) -> bool:
     # Both: with only the mmap threshold raised, a large block freed at the heap's top is still trimmed.
     mmap_ok = libc.mallopt(ctypes.c_int(_M_MMAP_THRESHOLD), ctypes.c_int(value))
     trim_ok = libc.mallopt(ctypes.c_int(_M_TRIM_THRESHOLD), ctypes.c_int(value))
-    # A thread arena's empty heap is unmapped unless the pad exceeds what the heap could still give.
-    pad_ok = libc.mallopt(ctypes.c_int(_M_TOP_PAD), ctypes.c_int(min(value, THREAD_HEAP_BYTES)))
-    return bool(mmap_ok) and bool(trim_ok) and bool(pad_ok)
+    return bool(mmap_ok) and bool(trim_ok)
 
 
 def retain_freed_memory(limit: int = RETAINED_BYTES) -> bool:
